@@ -1,0 +1,336 @@
+"""The ``orchestration`` command line.
+
+Every command that acts on runs takes ``--owner`` (default ``ORCH_OWNER``). ``--json`` prints
+records for programs; errors go to stderr with a non-zero exit and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestration.errors import OrchestrationError, ValidationError
+from orchestration.records import RunRecord
+from orchestration.settings import get_settings
+from orchestration.states import RUN_TERMINAL, RunStatus
+
+app = typer.Typer(
+    help="Run AI-agent workflows on Celery; every run ends.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+out = Console()
+err = Console(stderr=True)
+
+_STATUS_STYLE = {
+    "completed": "green", "failed": "red", "cancelled": "yellow", "timed_out": "red",
+    "interrupted": "magenta", "running": "cyan", "waiting": "cyan", "parked": "blue",
+    "cancelling": "yellow", "queued": "white",
+}
+
+Owner = Annotated[
+    str | None, typer.Option("--owner", help="Owner of the runs (default: ORCH_OWNER).")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
+
+
+def _owner(owner: str | None) -> str:
+    return owner or get_settings().owner
+
+
+def _orchestrator() -> Any:
+    from orchestration.service import Orchestrator
+
+    return Orchestrator.from_env()
+
+
+def _dump(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=_default, ensure_ascii=False) + "\n")
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _record_json(record: RunRecord) -> dict[str, Any]:
+    return record.model_dump(mode="json")
+
+
+def _styled(status: str) -> str:
+    return f"[{_STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def _show(record: RunRecord) -> None:
+    out.print(
+        f"run [bold]{record.id}[/]  {_styled(record.status)}  health={record.health}  "
+        f"workflow={record.workflow_name}"
+    )
+    if record.stop_reason:
+        out.print(f"  stop_reason: {record.stop_reason}")
+    if record.error:
+        out.print(f"  error: [red]{record.error}[/]")
+    if record.result is not None:
+        out.print(f"  result: {json.dumps(record.result, ensure_ascii=False)[:500]}")
+    deadline = record.deadline_at.isoformat(timespec="seconds") if record.deadline_at else "-"
+    out.print(f"  deadline_at: {deadline}")
+    table = Table("step", "provider", "status", "attempt", "polls", "provider says", "output")
+    for step in record.steps:
+        table.add_row(
+            step.step_id, step.provider, _styled(step.status), str(step.attempt),
+            str(step.polls), step.last_provider_status or "-",
+            json.dumps(step.output, ensure_ascii=False)[:60] if step.output is not None else "-",
+        )
+    out.print(table)
+
+
+def _fail(exc: OrchestrationError, as_json: bool) -> NoReturn:
+    if as_json:
+        body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
+        if isinstance(exc, ValidationError):
+            body["field"] = exc.field
+        sys.stderr.write(json.dumps({"error": body}) + "\n")
+    else:
+        err.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+def _json_arg(text: str | None, field: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(field, f"is not valid JSON: {exc.msg}") from None
+
+
+@app.command()
+def launch(
+    file: Annotated[str, typer.Argument(help="Workflow file (YAML or JSON).")],
+    args: Annotated[str | None, typer.Option("--args", help="Args as a JSON object.")] = None,
+    request_id: Annotated[str | None, typer.Option("--request-id")] = None,
+    concurrency_key: Annotated[str | None, typer.Option("--concurrency-key")] = None,
+    on_conflict: Annotated[str, typer.Option("--on-conflict")] = "reject",
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the run ends.")] = False,
+    owner: Owner = None,
+    as_json: AsJson = False,
+) -> None:
+    """Launch a workflow run (idempotent per --request-id)."""
+    from orchestration.workflows import load_file
+
+    try:
+        definition = load_file(file)
+        record = _orchestrator().launch(
+            definition, _json_arg(args, "args"), owner=_owner(owner), request_id=request_id,
+            concurrency_key=concurrency_key, on_conflict=on_conflict,
+        )
+        if wait:
+            record = _wait(record, _owner(owner), quiet=as_json)
+    except OrchestrationError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        _dump(_record_json(record))
+    else:
+        _show(record)
+    if wait and record.status != RunStatus.COMPLETED:
+        raise typer.Exit(1)
+
+
+def _wait(record: RunRecord, owner: str, *, quiet: bool) -> RunRecord:
+    orch = _orchestrator()
+    with err.status(f"run {record.id}: {record.status}", spinner="dots") as status:
+        while RunStatus(record.status) not in RUN_TERMINAL:
+            time.sleep(0.25)
+            record = orch.get(record.id, owner=owner)
+            if not quiet:
+                step = record.steps[min(record.current_step, len(record.steps) - 1)]
+                status.update(
+                    f"run {record.id}: {record.status} — step {step.step_id} {step.status} "
+                    f"({step.last_provider_status or '…'}, {step.polls} polls)"
+                )
+    return record
+
+
+@app.command()
+def show(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
+    """Show one run with its steps."""
+    try:
+        record = _orchestrator().get(run_id, owner=_owner(owner))
+    except OrchestrationError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        _dump(_record_json(record))
+    else:
+        _show(record)
+
+
+@app.command()
+def runs(
+    status: Annotated[str | None, typer.Option("--status")] = None,
+    limit: Annotated[int, typer.Option("--limit")] = 50,
+    owner: Owner = None,
+    as_json: AsJson = False,
+) -> None:
+    """List runs, newest first."""
+    try:
+        records = _orchestrator().list(owner=_owner(owner), status=status, limit=limit)
+    except OrchestrationError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        _dump([_record_json(record) for record in records])
+        return
+    table = Table("run", "workflow", "status", "health", "created", "deadline_at")
+    for record in records:
+        table.add_row(
+            record.id, record.workflow_name, _styled(record.status), record.health,
+            record.created_at.isoformat(timespec="seconds"),
+            record.deadline_at.isoformat(timespec="seconds") if record.deadline_at else "-",
+        )
+    out.print(table)
+
+
+@app.command()
+def cancel(
+    run_id: str,
+    graceful: Annotated[
+        bool, typer.Option("--graceful", help="Only flag it; the step stops at its next poll.")
+    ] = False,
+    owner: Owner = None,
+    as_json: AsJson = False,
+) -> None:
+    """Cancel a run; returns once its row is terminal (unless --graceful)."""
+    try:
+        record = _orchestrator().cancel(run_id, owner=_owner(owner), graceful=graceful)
+    except OrchestrationError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        _dump(_record_json(record))
+    else:
+        _show(record)
+
+
+@app.command()
+def answer(
+    run_id: str,
+    step: Annotated[str, typer.Option("--step", help="The parked step's id.")],
+    value: Annotated[str, typer.Option("--value", help="The answer, as JSON.")],
+    owner: Owner = None,
+    as_json: AsJson = False,
+) -> None:
+    """Answer a run parked for a human; it resumes."""
+    try:
+        record = _orchestrator().answer(
+            run_id, step, _json_arg(value, "value"), owner=_owner(owner)
+        )
+    except OrchestrationError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        _dump(_record_json(record))
+    else:
+        _show(record)
+
+
+@app.command()
+def explain(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
+    """Say why a run is where it is, what moves it next, and its deadline."""
+    try:
+        summary = _orchestrator().explain(run_id, owner=_owner(owner))
+    except OrchestrationError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        _dump(summary)
+    else:
+        out.print(summary["text"], highlight=False)
+
+
+@app.command()
+def sweep(as_json: AsJson = False) -> None:
+    """Run one sweeper pass now (beat does this every ORCH_SWEEP_INTERVAL)."""
+    from orchestration.db import check_ready, utcnow
+    from orchestration.dispatch import client_dispatcher
+    from orchestration.sweeper import Sweeper
+
+    settings = get_settings()
+    try:
+        check_ready(settings.database_url)
+        report = Sweeper(settings, client_dispatcher(settings)).sweep(utcnow())
+    except OrchestrationError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        _dump(report)
+    else:
+        out.print(", ".join(f"{key}={value}" for key, value in report.items()))
+
+
+@app.command()
+def health(as_json: AsJson = False) -> None:
+    """Check the database, the broker and the sweeper's liveness; exit 1 if any is down."""
+    from orchestration.liveness import check
+
+    report = check(get_settings())
+    if as_json:
+        _dump(report)
+    else:
+        for name, part in report["checks"].items():
+            mark = "[green]ok[/]" if part["ok"] else "[red]FAIL[/]"
+            out.print(f"{name:10} {mark}  {part['detail']}", highlight=False)
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command(context_settings=_PASSTHROUGH)
+def worker(ctx: typer.Context) -> None:
+    """Start a Celery worker (prefork); extra arguments go to `celery worker`."""
+    from tasks import app as celery_app
+
+    celery_app.worker_main(["worker", "--loglevel", "INFO", "-E", *ctx.args])
+
+
+@app.command(context_settings=_PASSTHROUGH)
+def beat(ctx: typer.Context) -> None:
+    """Start Celery beat (run exactly one); extra arguments go to `celery beat`."""
+    from tasks import app as celery_app
+
+    celery_app.start(["beat", "--loglevel", "INFO", *ctx.args])
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
+    """Create or migrate the schema (Alembic)."""
+    from orchestration.db import upgrade
+
+    upgrade(get_settings().database_url, revision)
+    out.print(f"database at revision {revision}")
+
+
+@app.command()
+def demo() -> None:
+    """Run the demo: embedded broker, SQLite, a real worker; one run completes, one is
+    cancelled mid-flight."""
+    from orchestration.demo import run_demo
+
+    raise typer.Exit(run_demo(out))
+
+
+def main() -> None:
+    """Entry point: configuration errors are reported like any other error."""
+    try:
+        app()
+    except OrchestrationError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        sys.exit(2)

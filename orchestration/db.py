@@ -1,0 +1,128 @@
+"""Engines, sessions and migrations.
+
+The caller owns the transaction: store and domain functions take a ``Session`` and never
+commit; a task body or an API call opens one :func:`session_scope`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestration.errors import DatabaseNotReady
+
+LOG = logging.getLogger(__name__)
+_ENGINES: dict[str, Engine] = {}
+_FACTORIES: dict[str, sessionmaker[Session]] = {}
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (the only clock the domain reads by default)."""
+    return datetime.now(UTC)
+
+
+def normalize_url(url: str) -> str:
+    """Use psycopg 3 for ``postgresql://`` URLs (the driver this project installs)."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets readers (the dashboard, ``show``) proceed while a worker writes.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def get_engine(url: str) -> Engine:
+    """One engine per URL per process (Celery prefork children build their own after fork)."""
+    url = normalize_url(url)
+    if url not in _ENGINES:
+        kwargs: dict[str, Any] = {"future": True}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        else:
+            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5, pool_recycle=1800)
+        engine = create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            event.listen(engine, "connect", _sqlite_pragmas)
+        _ENGINES[url] = engine
+        _FACTORIES[url] = sessionmaker(engine, expire_on_commit=False)
+    return _ENGINES[url]
+
+
+def dispose_engines() -> None:
+    """Drop pooled connections (after a fork, or at shutdown)."""
+    for engine in _ENGINES.values():
+        engine.dispose(close=False)
+    _ENGINES.clear()
+    _FACTORIES.clear()
+
+
+def after_commit(session: Session, action: Callable[[], None]) -> None:
+    """Run ``action`` once ``session`` has committed (e.g. send a chain whose rows it wrote).
+
+    If the process dies in between, the rows are durable and the sweeper does the sending.
+    """
+    session.info.setdefault("after_commit", []).append(action)
+
+
+@contextmanager
+def session_scope(url: str) -> Iterator[Session]:
+    """A session whose transaction commits when the block ends and rolls back on error.
+
+    Actions registered with :func:`after_commit` run after a successful commit; their errors
+    are logged, never raised: what they do is recovered by the sweeper.
+    """
+    get_engine(url)
+    session = _FACTORIES[normalize_url(url)]()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        actions = session.info.pop("after_commit", [])
+        session.close()
+    for action in actions:
+        try:
+            action()
+        except Exception:
+            LOG.exception("after-commit action failed; the sweeper will recover it")
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config for the migrations shipped inside the package."""
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Bring the schema to ``revision`` (``orchestration db upgrade``)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def check_ready(url: str) -> None:
+    """Raise :class:`DatabaseNotReady` when the schema has not been created."""
+    if not inspect(get_engine(url)).has_table("runs"):
+        raise DatabaseNotReady(
+            f"the database at {make_url(normalize_url(url)).render_as_string()} has no "
+            "orchestration tables; run `orchestration db upgrade` first"
+        )

@@ -1,0 +1,104 @@
+"""The one error tree. A message a user sees names what was wrong and what to do."""
+
+from __future__ import annotations
+
+
+class OrchestrationError(Exception):
+    """Base of every error this project raises on purpose."""
+
+    #: A stable, machine-readable code (used by the CLI's JSON output and the HTTP API).
+    code = "orchestration_error"
+
+
+class ConfigurationError(OrchestrationError):
+    """Settings are missing or inconsistent; raised at start-up, before any work is done."""
+
+    code = "configuration_error"
+
+
+class ValidationError(OrchestrationError):
+    """Bad input. Carries the field (a dotted path) so the caller knows what to fix."""
+
+    code = "validation_error"
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+
+class LimitExceeded(ValidationError):
+    """An input or the system is over one of its configured limits."""
+
+    code = "limit_exceeded"
+
+
+class IdempotencyConflict(OrchestrationError):
+    """The same (owner, request_id) was launched before with another workflow or other args."""
+
+    code = "idempotency_conflict"
+
+    def __init__(self, request_id: str, run_id: str) -> None:
+        self.request_id = request_id
+        self.run_id = run_id
+        super().__init__(
+            f"request_id {request_id!r} was already used for run {run_id} with a different "
+            "workflow or args; use a new request_id for a different launch"
+        )
+
+
+class RunNotFound(OrchestrationError):
+    """No run with that id for this owner (another owner's run is reported the same way)."""
+
+    code = "not_found"
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r} for this owner")
+
+
+class IllegalTransition(OrchestrationError):
+    """A status write that the state machine does not allow, or that lost a race."""
+
+    code = "illegal_transition"
+
+    def __init__(self, kind: str, ident: str, current: str | None, target: str) -> None:
+        self.kind = kind
+        self.ident = ident
+        self.current = current
+        self.target = target
+        super().__init__(f"{kind} {ident}: cannot move from {current!r} to {target!r}")
+
+
+class ConflictError(OrchestrationError):
+    """The request is valid but the run's state does not allow it now (e.g. answer a run
+    that is not parked for a human, or launch onto a held concurrency key with
+    ``on_conflict=reject``)."""
+
+    code = "conflict"
+
+
+class DatabaseNotReady(OrchestrationError):
+    """The schema is missing or behind; the fix is ``orchestration db upgrade``."""
+
+    code = "database_not_ready"
+
+
+class ProviderError(OrchestrationError):
+    """A provider call failed."""
+
+    code = "provider_error"
+
+
+class RetryableProviderError(ProviderError):
+    """An outage (timeout, connection refused, 5xx): the call may succeed later; the run parks
+    as ``platform_interrupt`` meanwhile."""
+
+    code = "provider_unavailable"
+
+
+class PermanentProviderError(ProviderError):
+    """The provider refused or lost the turn for good (bad request, vanished run): the step
+    fails with this message."""
+
+    code = "provider_rejected"

@@ -1,0 +1,112 @@
+"""``explain``: why a run is where it is, what moves it next, and by when it ends.
+
+Plain words from the run record and the clock, so an operator never reads rows to know
+whether a run is stuck.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from orchestration.deadlines import heartbeat_expiry, park_expiry
+from orchestration.records import RunRecord, StepRecord
+from orchestration.settings import Settings
+from orchestration.states import Health, ParkReason, RunStatus
+
+
+def _ago(now: datetime, then: datetime | None) -> str:
+    if then is None:
+        return "never"
+    seconds = (now - then).total_seconds()
+    return f"{seconds:.0f}s ago" if seconds >= 0 else f"in {-seconds:.0f}s"
+
+
+def _at(when: datetime | None) -> str:
+    return when.isoformat(timespec="seconds") if when else "none"
+
+
+def _current(record: RunRecord) -> StepRecord | None:
+    if 0 <= record.current_step < len(record.steps):
+        return record.steps[record.current_step]
+    return None
+
+
+def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, Any]:
+    """A structured explanation; ``text`` joins it into sentences."""
+    status = RunStatus(record.status)
+    step = _current(record)
+    where = f"step {step.step_id!r} ({step.status}, attempt {step.attempt})" if step else "no step"
+    why: str
+    next_move: str
+    if record.health == Health.ENDED:
+        why = f"it ended {_ago(now, record.finished_at)}: {record.stop_reason}" + (
+            f" ({record.error})" if record.error else ""
+        )
+        next_move = "nothing: terminal is final"
+    elif status is RunStatus.PARKED and record.parked_since is not None:
+        expiry = park_expiry(
+            settings, record.park_reason, record.parked_since, record.waiting_until
+        )
+        why = f"{where} is parked ({record.park_reason}) since {_at(record.parked_since)}"
+        if record.park_reason == ParkReason.HUMAN:
+            prompt = step.prompt if step else None
+            why += f", waiting for a human answer to {prompt!r}"
+            next_move = (
+                f"`orchestration answer {record.id} --step {step.step_id if step else '?'} "
+                f"--value JSON`, or the park expires at {_at(expiry)} and the run times out"
+            )
+        elif record.park_reason == ParkReason.ENGINE_LIMIT:
+            why += f", rate limited until {_at(record.waiting_until)}"
+            next_move = f"the next poll after the limit resets; the park expires at {_at(expiry)}"
+        else:
+            why += ", the provider or the worker was unreachable"
+            next_move = f"the next poll (retrying); the park expires at {_at(expiry)}"
+    elif status is RunStatus.CANCELLING:
+        grace = (record.cancel_requested_at or now) + timedelta(seconds=settings.cancel_grace)
+        why = f"a cancel was requested {_ago(now, record.cancel_requested_at)}"
+        next_move = (
+            f"the step honours it at its next execution; otherwise the sweeper enforces it "
+            f"once the grace ends ({_at(grace)}) and the heartbeat is dead"
+        )
+    elif status is RunStatus.QUEUED and record.claim == "queued":
+        why = f"it waits for concurrency key {record.concurrency_key!r}, held by another run"
+        next_move = "it starts when the holder ends (any terminal path, or the sweeper)"
+    elif status is RunStatus.WAITING:
+        why = f"{where} finished its turn; its post-step effects are running"
+        next_move = "the next effect attempt (bounded attempts with backoff)"
+    elif status is RunStatus.QUEUED:
+        why = "its first step has not started yet (waiting for a worker)"
+        next_move = "a worker picks up the step task"
+    else:
+        why = f"{where} is polling its provider turn (last status {step and step.last_provider_status!r})"
+        next_move = f"the next poll at {_at(step.next_poll_at if step else None)}"
+    if record.health == Health.STALLED and record.heartbeat_at is not None:
+        dead_since = heartbeat_expiry(settings, record.heartbeat_at)
+        why += f"; STALLED: no heartbeat since {_at(record.heartbeat_at)} (dead since {_at(dead_since)})"
+        next_move = (
+            f"the sweeper (every {settings.sweep_interval:g}s) re-arms it "
+            f"({record.rearms}/{settings.max_rearms} re-arms used) or closes it"
+        )
+    summary = {
+        "run_id": record.id,
+        "status": record.status,
+        "health": record.health,
+        "stop_reason": record.stop_reason,
+        "why": why,
+        "next": next_move,
+        "deadline_at": record.deadline_at,
+        "heartbeat_at": record.heartbeat_at,
+        "needs_review": record.needs_review,
+    }
+    summary["text"] = (
+        f"Run {record.id} is {record.status} (health: {record.health}) because {why}. "
+        f"Next: {next_move}. "
+        + (
+            f"It will be terminal or re-armed by {_at(record.deadline_at)}."
+            if record.deadline_at
+            else "It has no deadline: it is terminal."
+        )
+        + (" Flagged for review." if record.needs_review else "")
+    )
+    return summary

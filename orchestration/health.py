@@ -1,0 +1,45 @@
+"""A run's health, derived in one place from its row and the clock.
+
+``working``: live and its heartbeat is fresh. ``waiting``: parked within its budget (a polled
+park also needs a fresh heartbeat: a park never hides a dead run). ``stalled``: a dead
+heartbeat or a park past its budget. ``ended``: terminal.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from orchestration.deadlines import heartbeat_expiry, park_expiry
+from orchestration.models import Run
+from orchestration.settings import Settings
+from orchestration.states import RUN_TERMINAL, Health, ParkReason, RunStatus
+
+
+def heartbeat_dead(settings: Settings, run: Run, now: datetime) -> bool:
+    """True when the run's last stamp is older than ``ORCH_HEARTBEAT_TIMEOUT``."""
+    stamp = run.heartbeat_at or run.created_at
+    return now > heartbeat_expiry(settings, stamp)
+
+
+def park_expired(settings: Settings, run: Run, now: datetime) -> bool:
+    """True when a parked run is past its budget and any ``waiting_until``."""
+    if run.status != RunStatus.PARKED or run.parked_since is None:
+        return False
+    return now > park_expiry(settings, run.park_reason, run.parked_since, run.waiting_until)
+
+
+def derive(settings: Settings, run: Run, now: datetime) -> Health:
+    """The health of ``run`` at ``now``."""
+    status = RunStatus(run.status)
+    if status in RUN_TERMINAL:
+        return Health.ENDED
+    if status is RunStatus.PARKED:
+        if park_expired(settings, run, now):
+            return Health.STALLED
+        if run.park_reason != ParkReason.HUMAN and heartbeat_dead(settings, run, now):
+            return Health.STALLED
+        return Health.WAITING
+    if status is RunStatus.QUEUED and run.claim == "queued":
+        # Waiting behind the holder of its concurrency key; it is moved when the holder ends.
+        return Health.WAITING
+    return Health.STALLED if heartbeat_dead(settings, run, now) else Health.WORKING

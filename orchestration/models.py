@@ -1,0 +1,239 @@
+"""SQLAlchemy 2 models: runs, steps, the run event journal, the effects outbox, and the
+sweeper's liveness row. The Alembic migration in ``orchestration/migrations`` creates exactly
+these (a test compares them)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from orchestration.states import RUN_LIVE
+
+#: JSON on SQLite, JSONB on PostgreSQL.
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+_LIVE_SQL = "status IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(RUN_LIVE)))
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    """One workflow run. ``status`` is written only by ``transitions.transition_run``."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        UniqueConstraint("owner", "request_id", name="uq_runs_owner_request"),
+        Index("ix_runs_owner_created", "owner", "created_at"),
+        # Partial index: the sweeper and the limits touch only live runs, so their cost grows
+        # with live runs and not with history.
+        Index(
+            "ix_runs_live",
+            "status",
+            "deadline_at",
+            postgresql_where=text(_LIVE_SQL),
+            sqlite_where=text(_LIVE_SQL),
+        ),
+        # At most one holder per concurrency key, enforced by the database itself.
+        Index(
+            "uq_runs_claim_holder",
+            "owner",
+            "concurrency_key",
+            unique=True,
+            postgresql_where=text("claim = 'holding'"),
+            sqlite_where=text("claim = 'holding'"),
+        ),
+        Index(
+            "ix_runs_live_claim",
+            "owner",
+            "concurrency_key",
+            "created_at",
+            postgresql_where=text(_LIVE_SQL + " AND concurrency_key IS NOT NULL"),
+            sqlite_where=text(_LIVE_SQL + " AND concurrency_key IS NOT NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    request_id: Mapped[str] = mapped_column(String(200))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    workflow_name: Mapped[str] = mapped_column(String(200))
+    workflow: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    args: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    status: Mapped[str] = mapped_column(String(20))
+    stop_reason: Mapped[str | None] = mapped_column(String(40))
+    error: Mapped[str | None] = mapped_column(Text)
+    result: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    #: Every Celery task id this run ever owned (the launch chain and every re-dispatch).
+    task_ids: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    #: Index of the step the run is on.
+    current_step: Mapped[int] = mapped_column(Integer, default=0)
+    #: Times the sweeper re-dispatched a run whose heartbeat died.
+    rearms: Mapped[int] = mapped_column(Integer, default=0)
+    park_reason: Mapped[str | None] = mapped_column(String(40))
+    parked_since: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    waiting_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    concurrency_key: Mapped[str | None] = mapped_column(String(200))
+    on_conflict: Mapped[str | None] = mapped_column(String(20))
+    #: ``holding`` while this run holds its concurrency key, ``queued`` while it waits behind
+    #: the holder (``on_conflict=enqueue``), ``None`` otherwise.
+    claim: Mapped[str | None] = mapped_column(String(20))
+    #: Set when a human should look at this run (e.g. displaced from its claim).
+    needs_review: Mapped[bool] = mapped_column(default=False)
+
+    steps: Mapped[list[Step]] = relationship(
+        back_populates="run", order_by="Step.index", lazy="selectin"
+    )
+
+
+class Step(Base):
+    """One step of a run. ``status`` is written only by ``transitions.transition_step``."""
+
+    __tablename__ = "steps"
+    __table_args__ = (UniqueConstraint("run_id", "index", name="uq_steps_run_index"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    step_id: Mapped[str] = mapped_column(String(80))
+    provider: Mapped[str] = mapped_column(String(80))
+    status: Mapped[str] = mapped_column(String(20))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    provider_run_id: Mapped[str | None] = mapped_column(String(200))
+    input: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    output: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text)
+    #: Executions of the step task so far; also the fencing token that makes a duplicate
+    #: delivery of the same message a no-op (see ``stepper``).
+    polls: Mapped[int] = mapped_column(Integer, default=0)
+    last_provider_status: Mapped[str | None] = mapped_column(String(200))
+    #: What the provider asked the human (for ``input_required``).
+    prompt: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    #: The human's answer that the current attempt resumes with (``answer``).
+    answer: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    celery_task_id: Mapped[str | None] = mapped_column(String(64))
+    worker: Mapped[str | None] = mapped_column(String(200))
+    worker_pid: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    next_poll_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    run: Mapped[Run] = relationship(back_populates="steps")
+
+
+class RunEvent(Base):
+    """The journal: one row per status change of a run or one of its steps."""
+
+    __tablename__ = "run_events"
+    __table_args__ = (Index("ix_run_events_run", "run_id", "id"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    #: ``None`` for a run transition, the step id for a step transition.
+    step_id: Mapped[str | None] = mapped_column(String(80))
+    from_status: Mapped[str | None] = mapped_column(String(20))
+    to_status: Mapped[str] = mapped_column(String(20))
+    cause: Mapped[str] = mapped_column(Text)
+    stop_reason: Mapped[str | None] = mapped_column(String(40))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Effect(Base):
+    """A post-step effect in the transactional outbox (checkpoint capture, webhook)."""
+
+    __tablename__ = "effects"
+    __table_args__ = (
+        UniqueConstraint("run_id", "step_index", "attempt", "kind", name="uq_effects_step_kind"),
+        Index("ix_effects_run", "run_id", "status"),
+    )
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step_index: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(40))
+    status: Mapped[str] = mapped_column(String(20))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_error: Mapped[str | None] = mapped_column(Text)
+    payload: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Checkpoint(Base):
+    """What the checkpoint effect captured after a finished turn."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("run_id", "step_index", "attempt", name="uq_checkpoints"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step_index: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    state: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    captured_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class SweeperBeat(Base):
+    """The sweeper's liveness: one row per sweeper name, stamped at every pass."""
+
+    __tablename__ = "sweeper_beats"
+
+    name: Mapped[str] = mapped_column(String(80), primary_key=True)
+    last_pass_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_pass_seconds: Mapped[float] = mapped_column()
+    last_report: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    passes: Mapped[int] = mapped_column(Integer, default=0)

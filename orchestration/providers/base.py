@@ -1,0 +1,118 @@
+"""The provider interface: what the engine needs from an agent runtime.
+
+A provider adapts one runtime (the scripted simulator, a LangGraph Agent Server, an HTTP agent
+service) to three calls on a *turn*: ``start``, ``status`` and ``cancel``, plus ``snapshot`` for
+the checkpoint effect. Providers hold no state rules: they report what the runtime says, in
+the typed :class:`ProviderStatus`, and the engine decides what it means for the run.
+
+Contract every provider keeps (the engine's invariants rest on it):
+
+* ``start`` is idempotent per ``TurnRequest.key`` (``run:step:attempt``): a second call with
+  the same key returns the same provider run id and never starts a second turn.
+* ``cancel`` is idempotent and bounded in time; cancelling a finished turn is not an error.
+* Every call is bounded by the provider's request timeout. An outage raises
+  :class:`~orchestration.errors.RetryableProviderError`; a refusal or a vanished turn raises
+  :class:`~orchestration.errors.PermanentProviderError`.
+* ``validate`` checks the step's ``with:`` options at launch, raising
+  :class:`~orchestration.errors.ValidationError` naming the field, so a misconfigured provider
+  fails the launch and not the first poll.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+#: A JSON value as the engine stores it.
+JSON = Any
+
+
+class ProviderStatus(StrEnum):
+    """A turn's status in the engine's words."""
+
+    #: Accepted, not running yet.
+    PENDING = "pending"
+    #: Working.
+    RUNNING = "running"
+    #: Settled with nothing left to do: a finished turn (many runtimes never say "completed").
+    IDLE = "idle"
+    #: Finished with an answer.
+    COMPLETED = "completed"
+    #: Ended with an error.
+    FAILED = "failed"
+    #: Waiting for a human answer; the run parks as ``human``.
+    INPUT_REQUIRED = "input_required"
+    #: Held by a rate limit until ``reset_at``; the run parks as ``engine_limit``.
+    RATE_LIMITED = "rate_limited"
+    #: Stopped by a cancel.
+    CANCELLED = "cancelled"
+
+
+#: Statuses that mean the turn finished successfully.
+FINISHED: frozenset[ProviderStatus] = frozenset({ProviderStatus.IDLE, ProviderStatus.COMPLETED})
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """What ``start`` gets: the idempotency key, the rendered input and the step's options."""
+
+    key: str
+    run_id: str
+    step_id: str
+    attempt: int
+    input: JSON
+    options: Mapping[str, Any]
+    #: The human's answer when this turn resumes a ``human`` park; ``None`` otherwise.
+    resume: JSON = None
+    #: ``True`` when this turn resumes a park (``resume`` may legitimately be ``None``).
+    resuming: bool = False
+
+
+@dataclass(frozen=True)
+class TurnRef:
+    """How later calls name a turn: the key always, the provider's run id once known."""
+
+    key: str
+    provider_run_id: str | None
+    options: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TurnStatus:
+    """One observation of a turn."""
+
+    status: ProviderStatus
+    #: The provider's own word for it, kept in the step's ``last_provider_status``.
+    raw: str
+    output: JSON = None
+    error: str | None = None
+    #: For ``rate_limited``: when the limit resets.
+    reset_at: datetime | None = None
+    #: For ``input_required``: what the provider asks the human.
+    prompt: JSON = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """An agent runtime adapter. See the module docstring for the contract."""
+
+    name: str
+
+    def validate(self, options: Mapping[str, Any]) -> None:
+        """Raise ``ValidationError`` (field relative to ``with``) for bad options."""
+
+    def start(self, request: TurnRequest) -> str:
+        """Start the turn once per ``request.key``; return the provider's run id."""
+
+    def status(self, ref: TurnRef) -> TurnStatus:
+        """Observe the turn."""
+
+    def cancel(self, ref: TurnRef) -> None:
+        """Ask the runtime to stop the turn; idempotent; bounded in time."""
+
+    def snapshot(self, ref: TurnRef) -> JSON:
+        """Capture the turn's state for the checkpoint effect (its output at least)."""

@@ -1,0 +1,334 @@
+"""The langgraph provider: turns as runs on a LangGraph Agent Server (``langgraph dev`` or a
+LangSmith deployment), over its REST API.
+
+Options (``with:``): ``url`` and ``assistant_id`` (an assistant id or a graph name) are
+required; ``input`` is the run's input, where a ``"{task}"`` string is replaced by the step's
+rendered task (default ``{"messages": [{"role": "user", "content": task}]}``); ``config`` is
+passed to the run; ``api_key_env`` names the variable holding the API key (default
+``LANGGRAPH_API_KEY``, then ``LANGSMITH_API_KEY``), sent as ``x-api-key`` and never stored.
+
+The server has no idempotency key, so a step owns one thread, ``uuid5`` of ``run:step`` (the
+turn key without its attempt), and every run carries its turn key in its metadata: ``start``
+looks for that key before creating a run, and runs are created with ``multitask_strategy:
+reject`` so that two racing starts cannot both run. A resume is a new run on the same thread
+with ``command: {resume: value}``.
+
+Completion is read on the run, the rest on the thread: a ``success`` run whose thread is
+``interrupted`` waits for a human; an ``error`` run's text is on the thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from orchestration.errors import PermanentProviderError, RetryableProviderError, ValidationError
+from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
+from orchestration.providers.http import (
+    Exchange,
+    check_known,
+    check_mapping,
+    check_url,
+    exchange,
+    fill,
+    json_size,
+)
+from orchestration.settings import Settings
+
+#: Namespace of the thread ids: the same (run, step) always lands on the same thread.
+THREAD_NAMESPACE = uuid.UUID("5f0c2a9e-7d41-4b8e-9a57-3c6e1d2b8f40")
+#: Run metadata field that carries the turn key.
+KEY_FIELD = "orchestration_turn_key"
+_OPTIONS = ("url", "assistant_id", "input", "config", "api_key_env")
+_API_KEY_ENVS = ("LANGGRAPH_API_KEY", "LANGSMITH_API_KEY")
+_RUN_PAGE = 100
+_RUN_WORDS = {
+    "pending": ProviderStatus.PENDING,
+    "running": ProviderStatus.RUNNING,
+    "interrupted": ProviderStatus.CANCELLED,
+}
+
+
+def thread_id(key: str) -> str:
+    """The step's thread: the turn key (``run:step:attempt``) without its attempt."""
+    prefix, sep, _attempt = key.rpartition(":")
+    if not sep:
+        raise PermanentProviderError(f"langgraph: turn key {key!r} is not run:step:attempt")
+    return str(uuid.uuid5(THREAD_NAMESPACE, prefix))
+
+
+def _vanished(thread: str, run: str) -> PermanentProviderError:
+    return PermanentProviderError(
+        f"langgraph: run {run} on thread {thread} is gone from the server (a restarted dev "
+        "server loses what it had not saved yet); the turn cannot be observed"
+    )
+
+
+def _text(value: JSON) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def last_answer(values: JSON) -> JSON:
+    """The last AI message's content, JSON-decoded when it parses; else the whole state."""
+    messages = values.get("messages") if isinstance(values, dict) else None
+    for message in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and message.get("type") in ("ai", "AIMessageChunk"):
+            content = message.get("content")
+            if isinstance(content, str):
+                try:
+                    return json.loads(content)
+                except json.JSONDecodeError:
+                    return content
+            return content
+    return values
+
+
+def _prompt(thread: Mapping[str, Any]) -> JSON:
+    """The interrupt value (a list when several interrupts wait)."""
+    interrupts = thread.get("interrupts") or {}
+    found = [
+        item.get("value") if isinstance(item, dict) else item
+        for items in (interrupts.values() if isinstance(interrupts, dict) else [interrupts])
+        for item in (items if isinstance(items, list) else [items])
+    ]
+    return found[0] if len(found) == 1 else found or None
+
+
+class LangGraphProvider:
+    """See the module docstring."""
+
+    name = "langgraph"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def validate(self, options: Mapping[str, Any]) -> None:
+        check_known(options, _OPTIONS, "langgraph")
+        check_url(options.get("url"), "url")
+        assistant = options.get("assistant_id")
+        if not isinstance(assistant, str) or not assistant:
+            raise ValidationError("assistant_id", "is required: an assistant id or graph name")
+        check_mapping(options, "input")
+        check_mapping(options, "config")
+        api_key_env = options.get("api_key_env")
+        if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
+            raise ValidationError("api_key_env", "must name an environment variable")
+
+    @contextmanager
+    def _session(
+        self, options: Mapping[str, Any]
+    ) -> Iterator[tuple[Exchange, str, dict[str, str]]]:
+        names = [options["api_key_env"]] if "api_key_env" in options else _API_KEY_ENVS
+        api_key = next((os.environ[name] for name in names if os.environ.get(name)), None)
+        headers = {"x-api-key": api_key} if api_key else {}
+        with exchange(self._settings.provider_timeout, [api_key or ""]) as http:
+            yield http, str(options["url"]).rstrip("/"), headers
+
+    def _find_run(
+        self, http: Exchange, base: str, headers: dict[str, str], thread: str, key: str
+    ) -> str | None:
+        """The run that carries ``key`` in its metadata (the thread has a run per attempt)."""
+        offset = 0
+        while True:
+            reply = http.send(
+                "GET",
+                f"{base}/threads/{thread}/runs",
+                what="langgraph find run",
+                headers=headers,
+                params={"limit": _RUN_PAGE, "offset": offset, "select": ["run_id", "metadata"]},
+                accept=(404,),
+            )
+            runs = reply.body if reply.status == 200 and isinstance(reply.body, list) else []
+            for run in runs:
+                if isinstance(run, dict) and (run.get("metadata") or {}).get(KEY_FIELD) == key:
+                    return str(run["run_id"])
+            if len(runs) < _RUN_PAGE:
+                return None
+            offset += _RUN_PAGE
+
+    def start(self, request: TurnRequest) -> str:
+        options = request.options
+        thread = thread_id(request.key)
+        if request.key.rpartition(":")[0] != f"{request.run_id}:{request.step_id}":
+            raise PermanentProviderError(
+                f"langgraph: turn key {request.key!r} does not start with run:step "
+                f"({request.run_id}:{request.step_id}); the step's thread would be lost"
+            )
+        payload: dict[str, Any] = {
+            "assistant_id": options["assistant_id"],
+            "metadata": {KEY_FIELD: request.key},
+            "multitask_strategy": "reject",
+        }
+        if "config" in options:
+            payload["config"] = options["config"]
+        if request.resuming:
+            payload["command"] = {"resume": request.resume}
+        elif "input" in options:
+            payload["input"] = fill(options["input"], {"task": request.input})
+        else:
+            payload["input"] = {"messages": [{"role": "user", "content": _text(request.input)}]}
+        with self._session(options) as (http, base, headers):
+            http.send(
+                "POST",
+                f"{base}/threads",
+                what="langgraph create thread",
+                headers=headers,
+                json_body={
+                    "thread_id": thread,
+                    "if_exists": "do_nothing",
+                    "metadata": {
+                        "orchestration_run_id": request.run_id,
+                        "orchestration_step_id": request.step_id,
+                    },
+                },
+            )
+            existing = self._find_run(http, base, headers, thread, request.key)
+            if existing is not None:
+                return existing
+            reply = http.send(
+                "POST",
+                f"{base}/threads/{thread}/runs",
+                what="langgraph create run",
+                headers=headers,
+                json_body=payload,
+                accept=(409,),
+                repeatable=False,
+            )
+            if reply.status == 409:
+                # A racing start with the same key won, or an earlier attempt's run still holds
+                # the thread (it settles shortly after a cancel).
+                existing = self._find_run(http, base, headers, thread, request.key)
+                if existing is not None:
+                    return existing
+                raise RetryableProviderError(
+                    f"langgraph: thread {thread} is busy with another run; retry once it settles"
+                )
+        run_id = reply.body.get("run_id") if isinstance(reply.body, dict) else None
+        if not isinstance(run_id, str):
+            raise PermanentProviderError(f"langgraph create run: no run_id in {reply.body!r:.300}")
+        return run_id
+
+    def _run_id(self, http: Exchange, base: str, headers: dict[str, str], ref: TurnRef) -> str:
+        if ref.provider_run_id is not None:
+            return ref.provider_run_id
+        found = self._find_run(http, base, headers, thread_id(ref.key), ref.key)
+        if found is None:
+            raise PermanentProviderError(f"langgraph: no run carries turn key {ref.key!r}")
+        return found
+
+    def _get(self, http: Exchange, url: str, headers: dict[str, str], what: str) -> JSON:
+        reply = http.send("GET", url, what=what, headers=headers, accept=(404,))
+        return None if reply.status == 404 else reply.body
+
+    def status(self, ref: TurnRef) -> TurnStatus:
+        thread = thread_id(ref.key)
+        with self._session(ref.options) as (http, base, headers):
+            run_id = self._run_id(http, base, headers, ref)
+            run = self._get(
+                http, f"{base}/threads/{thread}/runs/{run_id}", headers, "langgraph run"
+            )
+            if not isinstance(run, dict):
+                raise _vanished(thread, run_id)
+            word = run.get("status")
+            if word in _RUN_WORDS:
+                return TurnStatus(_RUN_WORDS[word], raw=word)
+            if word == "timeout":
+                return TurnStatus(
+                    ProviderStatus.FAILED, raw=word, error="the LangGraph server timed out the run"
+                )
+            if word not in ("success", "error"):
+                raise PermanentProviderError(
+                    f"langgraph: run {run_id} has status {word!r}, which this provider does not "
+                    "know (pending, running, success, error, timeout, interrupted)"
+                )
+            found = self._get(http, f"{base}/threads/{thread}", headers, "langgraph thread")
+            if not isinstance(found, dict):
+                raise _vanished(thread, run_id)
+            if word == "error":
+                return TurnStatus(
+                    ProviderStatus.FAILED, raw=word, error=self._error(http, base, headers, found)
+                )
+            return self._settled(found)
+
+    def _settled(self, thread: Mapping[str, Any]) -> TurnStatus:
+        """A ``success`` run, read through its thread."""
+        word = thread.get("status")
+        raw = f"success/{word}"
+        if word == "busy":
+            return TurnStatus(ProviderStatus.RUNNING, raw=raw)
+        if word == "interrupted":
+            return TurnStatus(ProviderStatus.INPUT_REQUIRED, raw=raw, prompt=_prompt(thread))
+        if word == "error":
+            return TurnStatus(ProviderStatus.FAILED, raw=raw, error=_text(thread.get("error")))
+        if word != "idle":
+            raise PermanentProviderError(
+                f"langgraph: thread {thread.get('thread_id')} has status {word!r}, which this "
+                "provider does not know (idle, busy, interrupted, error)"
+            )
+        output = last_answer(thread.get("values"))
+        size = json_size(output)
+        if size > self._settings.max_output_bytes:
+            return TurnStatus(
+                ProviderStatus.FAILED,
+                raw=raw,
+                error=f"the answer is {size} bytes, over the limit of "
+                f"{self._settings.max_output_bytes} (ORCH_MAX_OUTPUT_BYTES)",
+            )
+        return TurnStatus(ProviderStatus.COMPLETED, raw=raw, output=output)
+
+    def _error(
+        self, http: Exchange, base: str, headers: dict[str, str], thread: Mapping[str, Any]
+    ) -> str:
+        """The failed run's text: the thread's error, else its pending tasks' errors."""
+        error = thread.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return f"{error.get('error', 'Error')}: {error['message']}"
+        if error:
+            return _text(error)
+        state = self._get(
+            http, f"{base}/threads/{thread['thread_id']}/state", headers, "langgraph state"
+        )
+        tasks = state.get("tasks") if isinstance(state, dict) else None
+        texts = [t["error"] for t in tasks or [] if isinstance(t, dict) and t.get("error")]
+        return "; ".join(map(str, texts)) or "the run ended in error without an error text"
+
+    def cancel(self, ref: TurnRef) -> None:
+        thread = thread_id(ref.key)
+        with self._session(ref.options) as (http, base, headers):
+            run_id = ref.provider_run_id or self._find_run(http, base, headers, thread, ref.key)
+            if run_id is None:
+                return
+            # 404: the run already finished (or never existed); either way nothing runs.
+            http.send(
+                "POST",
+                f"{base}/threads/{thread}/runs/{run_id}/cancel",
+                what="langgraph cancel",
+                headers=headers,
+                params={"action": "interrupt"},
+                accept=(404,),
+            )
+
+    def snapshot(self, ref: TurnRef) -> JSON:
+        thread = thread_id(ref.key)
+        with self._session(ref.options) as (http, base, headers):
+            state = self._get(http, f"{base}/threads/{thread}/state", headers, "langgraph state")
+        if not isinstance(state, dict):
+            raise _vanished(thread, ref.provider_run_id or ref.key)
+        values = state.get("values")
+        snapshot: dict[str, JSON] = {
+            "thread_id": thread,
+            "checkpoint_id": (state.get("checkpoint") or {}).get("checkpoint_id"),
+            "next": state.get("next"),
+            "output": last_answer(values),
+            "values": values,
+        }
+        limit = self._settings.max_output_bytes
+        for name in ("values", "output"):
+            size = json_size(snapshot[name])
+            if json_size(snapshot) > limit:
+                snapshot[name] = {"omitted": f"{size} bytes, over ORCH_MAX_OUTPUT_BYTES"}
+        return snapshot

@@ -1,0 +1,284 @@
+"""The scripted provider: a deterministic agent simulator for demos, tests and rehearsals.
+
+A turn plays ``states``, a list of ``[status, seconds]`` pairs, from the moment it started;
+the last pair is held forever. Turns live in a small table of their own (``scripted_turns``),
+so every worker process sees the same turn, and ``start`` is idempotent per key the way a real
+runtime's idempotency key is. A cancel tombstones the key: a start that arrives after it
+returns the cancelled turn instead of starting a new one.
+
+Options (``with:``):
+
+* ``states``: e.g. ``[["running", 0.5], ["idle"]]`` (default ``[["running", 1], ["completed"]]``)
+* ``output``: the answer of a finished turn (default: the step's rendered task)
+* ``error``: the error text of a ``failed`` turn
+* ``prompt``: what an ``input_required`` turn asks
+* ``reset_after``: seconds until a ``rate_limited`` turn may resume (default: that state's
+  duration)
+* ``cancel_delay``: seconds a cancel takes to land (default 0)
+* ``resume_states`` / ``resume_output``: the script of a turn that resumes a human park
+  (default ``[["completed"]]``, answering with the human's value)
+* ``poll_delay``: seconds each status call blocks, to rehearse a slow runtime (a delay longer
+  than ``ORCH_PROVIDER_TIMEOUT`` is reported as an outage after the timeout)
+* ``checkpoint_fails``: ``true`` makes the checkpoint capture fail, to rehearse effects that
+  exhaust their attempts
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Column, Integer, MetaData, String, Table, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+
+from orchestration.db import get_engine, normalize_url, session_scope, utcnow
+from orchestration.errors import RetryableProviderError, ValidationError
+from orchestration.models import UTCDateTime
+from orchestration.providers.base import JSON as JSONValue
+from orchestration.providers.base import (
+    ProviderStatus,
+    TurnRef,
+    TurnRequest,
+    TurnStatus,
+)
+from orchestration.settings import Settings
+
+_META = MetaData()
+TURNS = Table(
+    "scripted_turns",
+    _META,
+    Column("key", String(200), primary_key=True),
+    Column("provider_run_id", String(64), nullable=False),
+    Column("options", JSON, nullable=False),
+    Column("input", JSON),
+    Column("resume", JSON),
+    Column("resuming", Boolean, nullable=False, default=False),
+    Column("started_at", UTCDateTime()),
+    Column("cancel_requested_at", UTCDateTime()),
+    Column("start_calls", Integer, nullable=False, default=0),
+)
+
+_DEFAULT_STATES: list[list[Any]] = [["running", 1], ["completed"]]
+_DEFAULT_RESUME_STATES: list[list[Any]] = [["completed"]]
+_KNOWN_OPTIONS = {
+    "states",
+    "output",
+    "error",
+    "prompt",
+    "reset_after",
+    "cancel_delay",
+    "resume_states",
+    "resume_output",
+    "poll_delay",
+    "checkpoint_fails",
+}
+
+
+def store_url(settings: Settings) -> str:
+    """Where turns are kept: ``ORCH_SCRIPTED_URL``, else beside the engine's database.
+
+    On SQLite a sibling file is used: the engine holds the database's write lock while it
+    starts a turn (so that a cancel cannot slip between claim and start), and the simulator
+    must not wait on that same lock.
+    """
+    if settings.scripted_url:
+        return settings.scripted_url
+    url = make_url(normalize_url(settings.database_url))
+    if url.drivername.startswith("sqlite") and url.database not in (None, "", ":memory:"):
+        database = str(url.database)
+        stem = database[:-3] if database.endswith(".db") else database
+        return url.set(database=f"{stem}.scripted.db").render_as_string(hide_password=False)
+    return settings.database_url
+
+
+def _number(options: Mapping[str, Any], name: str) -> None:
+    value = options.get(name)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+    ):
+        raise ValidationError(name, "must be a number of seconds, 0 or more")
+
+
+def _check_states(states: Any, name: str) -> None:
+    if not isinstance(states, list) or not states:
+        raise ValidationError(name, "must be a non-empty list of [status, seconds] pairs")
+    words = {status.value for status in ProviderStatus}
+    for index, entry in enumerate(states):
+        where = f"{name}[{index}]"
+        last = index == len(states) - 1
+        if not isinstance(entry, list) or not 1 <= len(entry) <= 2:
+            raise ValidationError(where, "must be [status, seconds] (seconds optional on the last)")
+        if entry[0] not in words:
+            raise ValidationError(where, f"unknown status {entry[0]!r}; one of {sorted(words)}")
+        if len(entry) == 1 and not last:
+            raise ValidationError(where, "needs seconds: only the last state is held forever")
+        if len(entry) == 2:
+            _number({"seconds": entry[1]}, "seconds")
+
+
+def _play(states: list[list[Any]], elapsed: float) -> tuple[str, float]:
+    """The status at ``elapsed`` seconds, and when (seconds from start) that state began."""
+    began = 0.0
+    for entry in states[:-1]:
+        if elapsed < began + float(entry[1]):
+            return str(entry[0]), began
+        began += float(entry[1])
+    return str(states[-1][0]), began
+
+
+class ScriptedProvider:
+    """See the module docstring."""
+
+    name = "scripted"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._url = store_url(settings)
+        _META.create_all(get_engine(self._url), checkfirst=True)
+
+    def validate(self, options: Mapping[str, Any]) -> None:
+        unknown = set(options) - _KNOWN_OPTIONS
+        if unknown:
+            raise ValidationError(
+                sorted(unknown)[0], f"is not a scripted option; known: {sorted(_KNOWN_OPTIONS)}"
+            )
+        for name in ("states", "resume_states"):
+            if name in options:
+                _check_states(options[name], name)
+        for name in ("reset_after", "cancel_delay", "poll_delay"):
+            _number(options, name)
+        if "error" in options and not isinstance(options["error"], str):
+            raise ValidationError("error", "must be a string")
+        if "checkpoint_fails" in options and not isinstance(options["checkpoint_fails"], bool):
+            raise ValidationError("checkpoint_fails", "must be true or false")
+
+    def start(self, request: TurnRequest) -> str:
+        run_id = "scripted-" + hashlib.sha256(request.key.encode()).hexdigest()[:20]
+        with session_scope(self._url) as session:
+            try:
+                with session.begin_nested():
+                    session.execute(
+                        TURNS.insert().values(
+                            key=request.key,
+                            provider_run_id=run_id,
+                            options=dict(request.options),
+                            input=request.input,
+                            resume=request.resume,
+                            resuming=request.resuming,
+                            started_at=utcnow(),
+                            start_calls=1,
+                        )
+                    )
+            except IntegrityError:
+                # Same key: the turn exists (or was tombstoned by a cancel); never a second one.
+                session.execute(
+                    update(TURNS)
+                    .where(TURNS.c.key == request.key)
+                    .values(start_calls=TURNS.c.start_calls + 1)
+                )
+        return run_id
+
+    def _row(self, key: str) -> Any:
+        with session_scope(self._url) as session:
+            return session.execute(select(TURNS).where(TURNS.c.key == key)).one_or_none()
+
+    def status(self, ref: TurnRef) -> TurnStatus:
+        delay = float(ref.options.get("poll_delay", 0) or 0)
+        if delay:
+            time.sleep(min(delay, self._settings.provider_timeout))
+            if delay > self._settings.provider_timeout:
+                raise RetryableProviderError(
+                    f"scripted: status call timed out after {self._settings.provider_timeout}s"
+                )
+        row = self._row(ref.key)
+        if row is None:
+            return TurnStatus(ProviderStatus.PENDING, raw="pending")
+        now = utcnow()
+        options = row.options
+        if row.cancel_requested_at is not None:
+            landed = row.cancel_requested_at + timedelta(
+                seconds=float(options.get("cancel_delay", 0) or 0)
+            )
+            if now >= landed or row.started_at is None:
+                return TurnStatus(ProviderStatus.CANCELLED, raw="cancelled")
+        if row.resuming:
+            states = options.get("resume_states", _DEFAULT_RESUME_STATES)
+        else:
+            states = options.get("states", _DEFAULT_STATES)
+        elapsed = (now - row.started_at).total_seconds()
+        word, began = _play(states, elapsed)
+        status = ProviderStatus(word)
+        if status in (ProviderStatus.COMPLETED, ProviderStatus.IDLE):
+            if row.resuming:
+                output = options.get("resume_output", row.resume)
+            else:
+                output = options.get("output", row.input)
+            return TurnStatus(status, raw=word, output=output)
+        if status is ProviderStatus.FAILED:
+            return TurnStatus(status, raw=word, error=str(options.get("error", "scripted failure")))
+        if status is ProviderStatus.INPUT_REQUIRED:
+            return TurnStatus(status, raw=word, prompt=options.get("prompt", "input required"))
+        if status is ProviderStatus.RATE_LIMITED:
+            reset_after = options.get("reset_after")
+            reset_at = _reset_at(row.started_at, began, reset_after, states, elapsed)
+            return TurnStatus(status, raw=word, reset_at=reset_at)
+        return TurnStatus(status, raw=word)
+
+    def cancel(self, ref: TurnRef) -> None:
+        now = utcnow()
+        with session_scope(self._url) as session:
+            done = session.execute(
+                update(TURNS)
+                .where(TURNS.c.key == ref.key, TURNS.c.cancel_requested_at.is_(None))
+                .values(cancel_requested_at=now)
+            )
+            if done.rowcount == 0 and self._row_missing(session, ref.key):  # type: ignore[attr-defined]
+                # Tombstone: a start that arrives after this cancel must not begin a turn.
+                session.execute(
+                    TURNS.insert().values(
+                        key=ref.key,
+                        provider_run_id="scripted-cancelled",
+                        options=dict(ref.options),
+                        resuming=False,
+                        started_at=None,
+                        cancel_requested_at=now,
+                        start_calls=0,
+                    )
+                )
+
+    @staticmethod
+    def _row_missing(session: Any, key: str) -> bool:
+        return session.execute(select(TURNS.c.key).where(TURNS.c.key == key)).first() is None
+
+    def snapshot(self, ref: TurnRef) -> JSONValue:
+        if ref.options.get("checkpoint_fails"):
+            raise RetryableProviderError("scripted: checkpoint capture failed (checkpoint_fails)")
+        observed = self.status(ref)
+        return {"status": observed.raw, "output": observed.output}
+
+    def turns(self, key_prefix: str) -> list[dict[str, Any]]:
+        """Every turn whose key starts with ``key_prefix`` (``run_id:`` for one run): how tests
+        and rehearsals count the turns a run really started."""
+        with session_scope(self._url) as session:
+            rows = session.execute(
+                select(TURNS).where(TURNS.c.key.startswith(key_prefix, autoescape=True))
+            ).all()
+        return [dict(row._mapping) for row in rows]
+
+
+def _reset_at(
+    started_at: datetime,
+    began: float,
+    reset_after: Any,
+    states: list[list[Any]],
+    elapsed: float,
+) -> datetime:
+    if reset_after is not None:
+        return started_at + timedelta(seconds=began + float(reset_after))
+    index = next((i for i, e in enumerate(states) if e[0] == "rate_limited" and len(e) == 2), None)
+    duration = float(states[index][1]) if index is not None else 60.0
+    return started_at + timedelta(seconds=max(began + duration, elapsed))

@@ -1,0 +1,83 @@
+"""The run record as callers see it (CLI ``--json``, the Python API, the HTTP API)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from orchestration.health import derive
+from orchestration.models import Run, Step
+from orchestration.settings import Settings
+
+
+class StepRecord(BaseModel):
+    """One step with everything an operator needs."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    step_id: str
+    index: int
+    provider: str
+    status: str
+    attempt: int
+    idempotency_key: str | None
+    provider_run_id: str | None
+    input: Any
+    output: Any
+    error: str | None
+    polls: int
+    last_provider_status: str | None
+    prompt: Any
+    celery_task_id: str | None
+    worker: str | None
+    worker_pid: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    next_poll_at: datetime | None
+
+
+class RunRecord(BaseModel):
+    """A run with all its fields, its derived health and its steps."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    owner: str
+    request_id: str
+    fingerprint: str
+    workflow_name: str
+    workflow: dict[str, Any]
+    args: dict[str, Any]
+    status: str
+    health: str
+    stop_reason: str | None
+    error: str | None
+    result: Any
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    cancel_requested_at: datetime | None
+    deadline_at: datetime | None
+    task_ids: list[str]
+    current_step: int
+    rearms: int
+    park_reason: str | None
+    parked_since: datetime | None
+    waiting_until: datetime | None
+    concurrency_key: str | None
+    on_conflict: str | None
+    claim: str | None
+    needs_review: bool
+    steps: list[StepRecord]
+
+
+def to_record(settings: Settings, run: Run, steps: list[Step], now: datetime) -> RunRecord:
+    """Build the record of ``run`` at ``now`` (health is derived, never stored)."""
+    data = {column.key: getattr(run, column.key) for column in Run.__table__.columns}
+    data["health"] = derive(settings, run, now).value
+    data["steps"] = [StepRecord.model_validate(step) for step in steps]
+    return RunRecord.model_validate(data)

@@ -1,0 +1,248 @@
+"""The Python API for web apps: launch, get, list, cancel, answer, explain; owner-scoped.
+
+    from orchestration.service import Orchestrator
+    orch = Orchestrator.from_env()
+    run = orch.launch(workflow_dict, {"topic": "x"}, owner="acme", request_id="req-1")
+    orch.cancel(run.id, owner="acme")
+
+Every call takes the owner; another owner's run is reported as not found (invariant 7).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestration import cancellation, claims, launching
+from orchestration.db import check_ready, session_scope, utcnow
+from orchestration.dispatch import Dispatcher, client_dispatcher
+from orchestration.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
+from orchestration.models import Run, RunEvent, Step
+from orchestration.records import RunRecord, to_record
+from orchestration.settings import Settings, get_settings
+from orchestration.states import RUN_TERMINAL, ParkReason, RunStatus, StepStatus, StopReason
+from orchestration.transitions import touch_run, transition_run, transition_step
+
+#: Most runs one ``list`` call returns.
+MAX_PAGE = 500
+
+
+class Orchestrator:
+    """Owner-scoped operations on runs. Thread-safe; cheap to build."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        dispatcher: Dispatcher | None,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.clock = clock
+
+    @classmethod
+    def from_env(cls) -> Orchestrator:
+        """Settings from ``ORCH_*``, sending through the configured broker."""
+        settings = get_settings()
+        check_ready(settings.database_url)
+        return cls(settings, client_dispatcher(settings))
+
+    # -- reads -----------------------------------------------------------------------------
+    def get(self, run_id: str, *, owner: str) -> RunRecord:
+        """The run record. Raises :class:`RunNotFound` (also for another owner's run)."""
+        with session_scope(self.settings.database_url) as session:
+            return self._record(session, self._owned(session, run_id, owner))
+
+    def list(
+        self,
+        *,
+        owner: str,
+        status: str | None = None,
+        limit: int = 50,
+        before: datetime | None = None,
+    ) -> list[RunRecord]:
+        """The owner's runs, newest first; ``before`` (a ``created_at``) pages back."""
+        if status is not None and status not in {s.value for s in RunStatus}:
+            raise ValidationError(
+                "status", f"unknown status {status!r}; one of {[s.value for s in RunStatus]}"
+            )
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValidationError("limit", f"must be between 1 and {MAX_PAGE}")
+        query = select(Run).where(Run.owner == owner)
+        if status is not None:
+            query = query.where(Run.status == status)
+        if before is not None:
+            query = query.where(Run.created_at < before)
+        query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
+        with session_scope(self.settings.database_url) as session:
+            return [self._record(session, run) for run in session.scalars(query).all()]
+
+    def explain(self, run_id: str, *, owner: str) -> dict[str, Any]:
+        """Why the run is where it is, what moves it next and its ``deadline_at``."""
+        from orchestration.explain import explain
+
+        return explain(self.settings, self.get(run_id, owner=owner), self.clock())
+
+    def events(self, run_id: str, *, owner: str) -> list[dict[str, Any]]:
+        """The run's journal, oldest first."""
+        with session_scope(self.settings.database_url) as session:
+            self._owned(session, run_id, owner)
+            rows = session.scalars(
+                select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
+            ).all()
+            return [
+                {
+                    "step_id": row.step_id,
+                    "from": row.from_status,
+                    "to": row.to_status,
+                    "cause": row.cause,
+                    "stop_reason": row.stop_reason,
+                    "at": row.at,
+                }
+                for row in rows
+            ]
+
+    # -- writes ----------------------------------------------------------------------------
+    def launch(
+        self,
+        workflow: Any,
+        args: Any = None,
+        *,
+        owner: str,
+        request_id: str | None = None,
+        concurrency_key: str | None = None,
+        on_conflict: str = "reject",
+    ) -> RunRecord:
+        """Validate, write the run and its steps in one transaction, send the step chain.
+
+        Idempotent per (owner, request_id): the same request returns the existing run.
+        Raises :class:`ValidationError` / :class:`LimitExceeded` for bad input (nothing is
+        written), :class:`IdempotencyConflict` for a reused request_id with other input, and
+        :class:`ConflictError` for a held concurrency key under ``on_conflict='reject'``.
+        """
+        try:
+            policy = claims.OnConflict(on_conflict)
+        except ValueError:
+            raise ValidationError(
+                "on_conflict", f"must be one of {[p.value for p in claims.OnConflict]}"
+            ) from None
+        run_id = launching.launch(
+            self.settings,
+            self.dispatcher,
+            workflow,
+            args,
+            owner=owner,
+            request_id=request_id,
+            concurrency_key=concurrency_key,
+            on_conflict=policy,
+            now=self.clock(),
+        )
+        return self.get(run_id, owner=owner)
+
+    def cancel(self, run_id: str, *, owner: str, graceful: bool = False) -> RunRecord:
+        """Cancel the run. Returns the terminal ``cancelled`` record (or the run unchanged if it
+        had already ended). With ``graceful``, only the request is recorded: the step honours
+        it at its next execution, and the sweeper enforces it after ``ORCH_CANCEL_GRACE``."""
+        with session_scope(self.settings.database_url) as session:
+            self._owned(session, run_id, owner)
+        if cancellation.request(self.settings, run_id, now=self.clock(), by=f"owner {owner}"):
+            if not graceful:
+                cancellation.finish(
+                    self.settings,
+                    self.dispatcher,
+                    run_id,
+                    now=self.clock(),
+                    stop_reason=StopReason.CANCEL_REQUESTED,
+                    cause="cancelled by the caller",
+                    revoke=True,
+                )
+        return self.get(run_id, owner=owner)
+
+    def answer(self, run_id: str, step_id: str, value: Any, *, owner: str) -> RunRecord:
+        """Resume a ``human`` park: the step starts a new attempt with ``value`` as the answer.
+
+        Raises :class:`ConflictError` when the run is not parked for a human at that step.
+        """
+        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
+        if len(encoded) > self.settings.max_args_bytes:
+            raise LimitExceeded(
+                "value",
+                f"{len(encoded)} bytes is over ORCH_MAX_ARGS_BYTES "
+                f"({self.settings.max_args_bytes})",
+            )
+        now = self.clock()
+        with session_scope(self.settings.database_url) as session:
+            run = self._owned(session, run_id, owner)
+            step = session.scalars(
+                select(Step).where(Step.run_id == run_id, Step.step_id == step_id)
+            ).first()
+            if step is None:
+                raise ValidationError("step", f"run {run_id} has no step {step_id!r}")
+            # Lock the row, then check: only a run parked for a human with no cancel resumes.
+            locked = touch_run(session, run_id, now)
+            session.refresh(run)
+            session.refresh(step)
+            if not locked or not (
+                run.status == RunStatus.PARKED
+                and run.park_reason == ParkReason.HUMAN
+                and step.status == StepStatus.PARKED
+                and run.cancel_requested_at is None
+            ):
+                raise ConflictError(
+                    f"run {run_id} is {run.status}, not waiting for an answer at step {step_id!r}"
+                )
+            attempt = step.attempt + 1
+            transition_step(
+                session,
+                step,
+                StepStatus.RUNNING,
+                cause="answered by a human",
+                now=now,
+                values={
+                    "attempt": attempt,
+                    "answer": value,
+                    "prompt": None,
+                    "provider_run_id": None,
+                    "idempotency_key": launching.idempotency_key(run_id, step_id, attempt),
+                    "started_at": now,
+                    "error": None,
+                },
+            )
+            transition_run(
+                session,
+                run_id,
+                RunStatus.RUNNING,
+                cause=f"answered at step {step_id}",
+                now=now,
+                values={"park_reason": None, "parked_since": None, "waiting_until": None},
+            )
+            session.refresh(run)
+            launching.arm(session, self.settings, run, now=now, dispatcher=self.dispatcher)
+        return self.get(run_id, owner=owner)
+
+    # -- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _owned(session: Session, run_id: str, owner: str) -> Run:
+        if not isinstance(run_id, str) or len(run_id) > 64:
+            raise RunNotFound(str(run_id)[:64])
+        run = session.get(Run, run_id)
+        if run is None or run.owner != owner:
+            raise RunNotFound(run_id)
+        return run
+
+    def _record(self, session: Session, run: Run) -> RunRecord:
+        steps = list(
+            session.scalars(select(Step).where(Step.run_id == run.id).order_by(Step.index)).all()
+        )
+        return to_record(self.settings, run, steps, self.clock())
+
+
+def is_terminal(record: RunRecord) -> bool:
+    """Whether a record's status is terminal."""
+    return RunStatus(record.status) in RUN_TERMINAL

@@ -1,0 +1,286 @@
+"""The sweeper: closes what nobody else will. Run by beat every ``ORCH_SWEEP_INTERVAL``.
+
+It reads only live runs (through the partial index ``ix_runs_live``), so its cost grows with
+live runs, not history. Every action is a compare-and-set, so a pass is idempotent and two
+beats running at once close each run once. ``now`` is a parameter: tests pass the clock.
+
+Passes, per live run, first match wins:
+
+1. cancel enforcement: ``cancelling`` past ``ORCH_CANCEL_GRACE`` with a dead heartbeat;
+2. claim promotion: a run queued behind a key whose holder is gone gets the key;
+3. park expiry: parked past its budget (and any ``waiting_until``);
+4. dead heartbeat: re-armed up to ``ORCH_MAX_REARMS`` times, then ``interrupted``;
+5. run deadline: past ``deadline_at`` and stalled, closed ``deadline_exceeded``;
+
+then it stamps its own liveness row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from orchestration import cancellation, claims, deadlines, health, launching, turns
+from orchestration.closing import close_run
+from orchestration.db import after_commit, session_scope
+from orchestration.dispatch import Dispatcher
+from orchestration.errors import IllegalTransition
+from orchestration.models import Run, Step, SweeperBeat
+from orchestration.settings import Settings
+from orchestration.states import RUN_LIVE, Health, ParkReason, RunStatus, StepStatus, StopReason
+from orchestration.transitions import touch_run, transition_run, transition_step
+
+LOG = logging.getLogger(__name__)
+SWEEPER_NAME = "default"
+
+
+class Sweeper:
+    """One sweeper; :meth:`sweep` is one pass."""
+
+    def __init__(self, settings: Settings, dispatcher: Dispatcher | None) -> None:
+        self.settings = settings
+        self.dispatcher = dispatcher
+
+    def sweep(self, now: datetime) -> dict[str, Any]:
+        """One pass at ``now``; returns counts of what it did (``orchestration sweep --json``)."""
+        started = time.perf_counter()
+        report: dict[str, Any] = {
+            "at": now.isoformat(),
+            "live": 0,
+            "cancels_enforced": 0,
+            "promoted": 0,
+            "parks_expired": 0,
+            "rearmed": 0,
+            "interrupted": 0,
+            "deadlines_exceeded": 0,
+            "errors": 0,
+        }
+        with session_scope(self.settings.database_url) as session:
+            live = session.scalars(
+                select(Run).where(Run.status.in_([s.value for s in RUN_LIVE]))
+            ).all()
+            session.expunge_all()
+        report["live"] = len(live)
+        for run in live:
+            try:
+                action = self._one(run, now)
+            except (IllegalTransition, IntegrityError):
+                action = None  # another writer (a step, a second beat) got there first
+            except Exception:
+                LOG.exception("sweeper failed on run %s", run.id)
+                report["errors"] += 1
+                action = None
+            if action:
+                report[action] += 1
+        report["seconds"] = round(time.perf_counter() - started, 4)
+        self._stamp(now, report)
+        return report
+
+    def _one(self, run: Run, now: datetime) -> str | None:
+        status = RunStatus(run.status)
+        dead = health.heartbeat_dead(self.settings, run, now)
+        if status is RunStatus.CANCELLING:
+            grace_over = run.cancel_requested_at is not None and (
+                (now - run.cancel_requested_at).total_seconds() > self.settings.cancel_grace
+            )
+            if grace_over and dead:
+                done = cancellation.finish(
+                    self.settings,
+                    self.dispatcher,
+                    run.id,
+                    now=now,
+                    stop_reason=StopReason.CANCEL_ENFORCED,
+                    cause="cancel enforced by the sweeper: grace over and heartbeat dead",
+                    revoke=True,
+                )
+                return "cancels_enforced" if done else None
+            return None
+        if status is RunStatus.QUEUED and run.claim == claims.QUEUED:
+            return self._queued_behind(run, now)
+        if health.park_expired(self.settings, run, now):
+            self._close(
+                run,
+                now,
+                RunStatus.TIMED_OUT,
+                StopReason.PARK_EXPIRED,
+                f"{run.park_reason} park ran past its budget (sweeper)",
+            )
+            return "parks_expired"
+        if dead and not (status is RunStatus.PARKED and run.park_reason == ParkReason.HUMAN):
+            if run.rearms >= self.settings.max_rearms:
+                self._close(
+                    run,
+                    now,
+                    RunStatus.INTERRUPTED,
+                    StopReason.HEARTBEAT_LOST,
+                    f"heartbeat dead after {run.rearms} re-arms (sweeper)",
+                )
+                return "interrupted"
+            return "rearmed" if self._rearm(run, now) else None
+        if run.deadline_at is not None and now > run.deadline_at:
+            if health.derive(self.settings, run, now) is Health.STALLED:
+                self._close(
+                    run,
+                    now,
+                    RunStatus.TIMED_OUT,
+                    StopReason.DEADLINE_EXCEEDED,
+                    "run passed its deadline_at with nothing able to move it (sweeper)",
+                )
+                return "deadlines_exceeded"
+        return None
+
+    def _close(
+        self, run: Run, now: datetime, to: RunStatus, reason: StopReason, cause: str
+    ) -> None:
+        with session_scope(self.settings.database_url) as session:
+            current = session.get(Run, run.id)
+            assert current is not None
+            live = turns.live_turns(session, current)
+            task_ids = list(current.task_ids)
+            close_run(
+                session,
+                self.settings,
+                run.id,
+                to,
+                stop_reason=reason,
+                cause=cause,
+                now=now,
+                error=cause,
+                dispatcher=self.dispatcher,
+            )
+
+            def stop() -> None:
+                if self.dispatcher is not None:
+                    self.dispatcher.revoke(task_ids, terminate=True)
+                turns.stop(self.settings, live)
+
+            after_commit(session, stop)
+
+    def _rearm(self, run: Run, now: datetime) -> bool:
+        """Re-dispatch the run's chain from its current step; exclusive via the re-arm count."""
+        with session_scope(self.settings.database_url) as session:
+            claimed = session.execute(
+                update(Run)
+                .where(
+                    Run.id == run.id,
+                    Run.rearms == run.rearms,
+                    Run.status.in_([s.value for s in RUN_LIVE]),
+                )
+                .values(rearms=run.rearms + 1, heartbeat_at=now, updated_at=now)
+            )
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                return False
+            current = session.get(Run, run.id, populate_existing=True)
+            assert current is not None
+            if current.status == RunStatus.RUNNING:
+                transition_run(
+                    session,
+                    run.id,
+                    RunStatus.PARKED,
+                    cause=f"worker lost (heartbeat dead); re-armed {current.rearms}/"
+                    f"{self.settings.max_rearms}",
+                    now=now,
+                    values={
+                        "park_reason": ParkReason.PLATFORM_INTERRUPT.value,
+                        "parked_since": now,
+                        "waiting_until": None,
+                    },
+                )
+                self._park_step(session, run.id, now)
+                session.refresh(current)
+            launching.arm(session, self.settings, current, now=now, dispatcher=self.dispatcher)
+        return True
+
+    @staticmethod
+    def _park_step(session: Session, run_id: str, now: datetime) -> None:
+        step = session.scalars(
+            select(Step).where(Step.run_id == run_id, Step.status == StepStatus.RUNNING.value)
+        ).first()
+        if step is not None:
+            transition_step(
+                session, step, StepStatus.PARKED, cause="worker lost; re-armed", now=now
+            )
+
+    def _queued_behind(self, run: Run, now: datetime) -> str | None:
+        """Refresh the deadline of a run waiting for its key; promote it if the key is free."""
+        assert run.concurrency_key is not None
+        with session_scope(self.settings.database_url) as session:
+            holder = claims.holder(session, run.owner, run.concurrency_key)
+            if holder is not None:
+                touch_run(
+                    session,
+                    run.id,
+                    now,
+                    deadline_at=claims.queued_deadline(self.settings, holder.deadline_at, now),
+                )
+                return None
+            first = session.scalars(
+                select(Run)
+                .where(
+                    Run.owner == run.owner,
+                    Run.concurrency_key == run.concurrency_key,
+                    Run.claim == claims.QUEUED,
+                    Run.status == RunStatus.QUEUED.value,
+                )
+                .order_by(Run.created_at, Run.id)
+                .limit(1)
+            ).first()
+            if first is None or first.id != run.id:
+                touch_run(
+                    session,
+                    run.id,
+                    now,
+                    deadline_at=deadlines.compute(
+                        self.settings, RunStatus.QUEUED, heartbeat_at=now
+                    ),
+                )
+                return None
+            launching.arm(
+                session,
+                self.settings,
+                first,
+                now=now,
+                dispatcher=self.dispatcher,
+                claim=claims.HOLDING,
+            )
+        return "promoted"
+
+    def _stamp(self, now: datetime, report: dict[str, Any]) -> None:
+        try:
+            self._write_stamp(now, report)
+        except IntegrityError:
+            self._write_stamp(now, report)  # a second beat inserted the row first
+
+    def _write_stamp(self, now: datetime, report: dict[str, Any]) -> None:
+        with session_scope(self.settings.database_url) as session:
+            beat = session.get(SweeperBeat, SWEEPER_NAME, with_for_update=True)
+            if beat is None:
+                session.add(
+                    SweeperBeat(
+                        name=SWEEPER_NAME,
+                        last_pass_at=now,
+                        passes=1,
+                        last_pass_seconds=report["seconds"],
+                        last_report=report,
+                    )
+                )
+            else:
+                beat.last_pass_at = max(beat.last_pass_at, now)
+                beat.passes += 1
+                beat.last_pass_seconds = report["seconds"]
+                beat.last_report = report
+
+
+def last_pass(settings: Settings) -> SweeperBeat | None:
+    """The sweeper's liveness row (``None`` before its first pass)."""
+    with session_scope(settings.database_url) as session:
+        beat = session.get(SweeperBeat, SWEEPER_NAME)
+        if beat is not None:
+            session.expunge(beat)
+        return beat

@@ -1,0 +1,181 @@
+"""Workflow definitions: parsing YAML/JSON files or dicts, validation, and canonical form.
+
+A workflow is ``name`` and ``steps``; each step names a provider, a ``task`` (a string or any
+JSON value, templated from ``args`` and earlier steps' outputs by :mod:`templating`), provider
+options under ``with``, and its time bounds. Every error names the field, and nothing is
+written for an invalid workflow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ValidationError as PydanticValidationError
+
+from orchestration import providers, templating
+from orchestration.errors import LimitExceeded, ValidationError
+from orchestration.settings import Settings
+
+STEP_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"
+
+
+class StepSpec(BaseModel):
+    """One step as the user wrote it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    id: str = Field(pattern=STEP_ID_PATTERN)
+    provider: str = Field(min_length=1, max_length=80)
+    task: Any = ""
+    options: dict[str, Any] = Field(default_factory=dict, alias="with")
+    timeout: float = Field(1800.0, gt=0)
+    poll_interval: float = Field(1.0, gt=0)
+    max_poll_interval: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _intervals(self) -> StepSpec:
+        if self.max_poll_interval < self.poll_interval:
+            raise ValueError("max_poll_interval must be at least poll_interval")
+        return self
+
+
+class WorkflowSpec(BaseModel):
+    """A whole workflow."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=200)
+    steps: list[StepSpec] = Field(min_length=1)
+
+    @field_validator("steps")
+    @classmethod
+    def _unique_ids(cls, steps: list[StepSpec]) -> list[StepSpec]:
+        seen: set[str] = set()
+        for step in steps:
+            if step.id in seen:
+                raise ValueError(f"step id {step.id!r} is used twice; step ids must be unique")
+            seen.add(step.id)
+        return steps
+
+    def as_dict(self) -> dict[str, Any]:
+        """The canonical dict (what is stored on the run and fingerprinted)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _field_of(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts)
+
+
+def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = None) -> WorkflowSpec:
+    """Validate a workflow dict against the schema, the providers and the limits.
+
+    ``args``, when given, are checked against the templates (an ``{{ args.x }}`` that the args
+    lack is an error at launch, not at the step). Raises :class:`ValidationError` naming the
+    field, or :class:`LimitExceeded`.
+    """
+    if not isinstance(data, Mapping):
+        raise ValidationError("workflow", "must be a mapping with 'name' and 'steps'")
+    steps = data.get("steps")
+    if isinstance(steps, list) and len(steps) > settings.max_steps:
+        raise LimitExceeded(
+            "steps",
+            f"{len(steps)} steps is over the limit of {settings.max_steps} (ORCH_MAX_STEPS)",
+        )
+    try:
+        spec = WorkflowSpec.model_validate(data)
+    except PydanticValidationError as exc:
+        first = exc.errors()[0]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        field = _field_of(tuple(first["loc"])) or "workflow"
+        if first["type"] == "extra_forbidden":
+            message = "is not a known field"
+        raise ValidationError(field, message) from None
+    earlier: list[str] = []
+    for index, step in enumerate(spec.steps):
+        where = f"steps[{index}]"
+        _check_bounds(step, where, settings)
+        if step.provider not in providers.names():
+            raise ValidationError(
+                f"{where}.provider",
+                f"unknown provider {step.provider!r}; known: {', '.join(providers.names())}",
+            )
+        try:
+            providers.get_provider(step.provider, settings).validate(step.options)
+        except ValidationError as exc:
+            raise ValidationError(f"{where}.with.{exc.field}".rstrip("."), exc.problem) from None
+        size = len(json.dumps(step.task, ensure_ascii=False).encode())
+        if size > settings.max_task_bytes:
+            raise LimitExceeded(
+                f"{where}.task",
+                f"{size} bytes is over the limit of {settings.max_task_bytes} (ORCH_MAX_TASK_BYTES)",
+            )
+        templating.check(step.task, f"{where}.task", args=args, earlier_steps=earlier)
+        earlier.append(step.id)
+    return spec
+
+
+def _check_bounds(step: StepSpec, where: str, settings: Settings) -> None:
+    if step.max_poll_interval > settings.max_poll_interval_limit:
+        raise LimitExceeded(
+            f"{where}.max_poll_interval",
+            f"{step.max_poll_interval}s is over the limit of {settings.max_poll_interval_limit}s "
+            "(ORCH_MAX_POLL_INTERVAL_LIMIT), which keeps heartbeats within their timeout",
+        )
+    if step.timeout > settings.max_step_timeout:
+        raise LimitExceeded(
+            f"{where}.timeout",
+            f"{step.timeout}s is over the limit of {settings.max_step_timeout}s "
+            "(ORCH_MAX_STEP_TIMEOUT)",
+        )
+
+
+def load_file(path: str | Path) -> Any:
+    """Read a workflow file (YAML or JSON) into plain data; errors name the file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValidationError("workflow", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        if path.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValidationError("workflow", f"{path} is not valid YAML/JSON: {exc}") from None
+
+
+def check_args(args: Any, settings: Settings) -> dict[str, Any]:
+    """Args must be a JSON object within ``ORCH_MAX_ARGS_BYTES``."""
+    if not isinstance(args, Mapping):
+        raise ValidationError("args", "must be a JSON object")
+    try:
+        encoded = json.dumps(args, ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValidationError("args", f"must be plain JSON: {exc}") from None
+    if len(encoded) > settings.max_args_bytes:
+        raise LimitExceeded(
+            "args",
+            f"{len(encoded)} bytes is over the limit of {settings.max_args_bytes} "
+            "(ORCH_MAX_ARGS_BYTES)",
+        )
+    return dict(args)
+
+
+def fingerprint(workflow: Mapping[str, Any], args: Mapping[str, Any]) -> str:
+    """A stable hash of (workflow, args): what makes two launches "the same request"."""
+    canonical = json.dumps(
+        {"workflow": workflow, "args": args}, sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()

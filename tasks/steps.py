@@ -1,0 +1,38 @@
+"""The step task: one execution of ``Stepper.advance``, mapped onto Celery's controls."""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import lru_cache
+
+from celery import Task
+from celery.exceptions import Ignore
+
+from orchestration.celery_config import STEP_TASK
+from orchestration.dispatch import CeleryDispatcher
+from orchestration.stepper import Halt, Poll, Stepper
+from tasks.celery_app import app, settings
+
+
+@lru_cache(maxsize=1)
+def _stepper(pid: int) -> Stepper:
+    return Stepper(settings, CeleryDispatcher(app, settings), worker=socket.gethostname(), pid=pid)
+
+
+# max_retries=None: the bound on polling is the step's timeout, checked against the database
+# at every execution, not a retry count that a redelivery could reset.
+@app.task(bind=True, name=STEP_TASK, max_retries=None, acks_late=True)
+def advance_step(self: Task, run_id: str, index: int, tick: int = 0) -> None:
+    """Start, poll or finish step ``index`` of ``run_id``; ``tick`` fences duplicates."""
+    outcome = _stepper(os.getpid()).advance(run_id, int(index), int(tick))
+    if isinstance(outcome, Poll):
+        raise self.retry(
+            countdown=outcome.countdown,
+            kwargs={"tick": outcome.tick},
+            max_retries=None,
+            kwargsrepr=f"{{'tick': {outcome.tick}}}",
+        )
+    if isinstance(outcome, Halt):
+        # Ignore acks the message and stops the chain: nothing after this step is sent.
+        raise Ignore(outcome.reason)
