@@ -65,10 +65,11 @@ def get_engine(url: str) -> Engine:
     return _ENGINES[url]
 
 
-def dispose_engines() -> None:
-    """Drop pooled connections (after a fork, or at shutdown)."""
+def dispose_engines(*, after_fork: bool = False) -> None:
+    """Drop pooled connections: at shutdown close them; after a fork only forget them (they
+    belong to the parent process)."""
     for engine in _ENGINES.values():
-        engine.dispose(close=False)
+        engine.dispose(close=not after_fork)
     _ENGINES.clear()
     _FACTORIES.clear()
 

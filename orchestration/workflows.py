@@ -105,7 +105,6 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
     earlier: list[str] = []
     for index, step in enumerate(spec.steps):
         where = f"steps[{index}]"
-        _check_bounds(step, where, settings)
         if step.provider not in providers.names():
             raise ValidationError(
                 f"{where}.provider",
@@ -122,6 +121,7 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
                 f"{size} bytes is over the limit of {settings.max_task_bytes} (ORCH_MAX_TASK_BYTES)",
             )
         templating.check(step.task, f"{where}.task", args=args, earlier_steps=earlier)
+        _check_bounds(step, where, settings)
         earlier.append(step.id)
     return spec
 

@@ -23,5 +23,5 @@ app.conf.include = ["tasks.steps", "tasks.sweeper"]
 @worker_process_init.connect
 def _fresh_connections(**_: Any) -> None:
     """A prefork child must not share its parent's pooled database connections."""
-    dispose_engines()
+    dispose_engines(after_fork=True)
     logging.getLogger("orchestration").setLevel(logging.INFO)

@@ -1,19 +1,13 @@
 """The http provider: any agent service with start, status and cancel endpoints.
 
 Each endpoint is a request spec (``url``, ``method``, ``headers``, JSON ``body`` template);
-dotted paths pick the provider's run id, the status word, the output, the error and the prompt
-out of the JSON answers, and ``status_map`` turns the service's words into ours.
+dotted paths pick the run id, status word, output, error and prompt out of the answers, and
+``status_map`` turns the service's words into ours. Options are stored in the run's row, so a
+secret header is ``{env: NAME, prefix: "..."}``, resolved at call time and redacted from
+errors. ``start`` sends the turn key as ``Idempotency-Key``; the service must honour it (a
+second start with the same key answers the first turn's id), which also makes a retry safe.
 
-Secrets: options are stored in the run's row, so a header value is either a literal or
-``{env: NAME, prefix: "..."}``, resolved from the worker's environment at call time and
-redacted from every error message.
-
-At-most-once: ``start`` sends the turn key as the ``Idempotency-Key`` header, and the service
-must honour it (a second start with the same key answers the first turn's run id). That is
-also what makes retrying a start safe.
-
-This module also holds :class:`Exchange`, the bounded and classified HTTP call that the
-langgraph provider uses too.
+:class:`Exchange`, the bounded and classified HTTP call, serves the langgraph provider too.
 """
 
 from __future__ import annotations
@@ -88,71 +82,58 @@ class Exchange:
         repeatable: bool = True,
     ) -> Reply:
         """One request; a 2xx or a status in ``accept`` is returned, anything else raises."""
-        for delay in _RETRY_DELAYS:
-            try:
-                status, raw = self._once(method, url, json_body, headers, params)
-            except httpx.ConnectError:
-                status = None
-            if status is not None and not (status in _RETRY_STATUSES and repeatable):
-                return self._reply(what, method, url, status, raw, accept)
-            if self._remaining() <= delay:
-                break
-            time.sleep(delay)
         try:
-            status, raw = self._once(method, url, json_body, headers, params)
-        except httpx.ConnectError as exc:
-            raise RetryableProviderError(
-                self.redact(f"{what}: cannot reach {url}: {exc}")
-            ) from None
-        return self._reply(what, method, url, status, raw, accept)
+            request = self._client.build_request(
+                method, url, json=json_body, headers=headers, params=params
+            )
+        except httpx.InvalidURL as exc:
+            raise PermanentProviderError(self.redact(f"{what}: {url}: {exc}")) from None
+        delays = iter(_RETRY_DELAYS)
+        while True:
+            got = self._once(request)
+            retry = got is None or (repeatable and got[0] in _RETRY_STATUSES)
+            delay = next(delays, None) if retry else None
+            if delay is not None and self._deadline - time.monotonic() > delay:
+                time.sleep(delay)
+                continue
+            if got is None:
+                raise RetryableProviderError(self.redact(f"{what}: cannot reach {url}"))
+            return self._reply(what, method, url, *got, accept)
 
-    def _remaining(self) -> float:
-        return self._deadline - time.monotonic()
-
-    def _once(
-        self,
-        method: str,
-        url: str,
-        json_body: JSON,
-        headers: Mapping[str, str] | None,
-        params: Mapping[str, Any] | None,
-    ) -> tuple[int, bytes]:
-        remaining = self._remaining()
-        what = f"{method} {url}"
+    def _once(self, request: httpx.Request) -> tuple[int, bytes] | None:
+        """Status and body, or ``None`` when no connection could be made (nothing was sent)."""
+        what = f"{request.method} {request.url}"
+        remaining = self._deadline - time.monotonic()
         if remaining <= 0:
-            raise RetryableProviderError(f"{what}: no time left within {self._bound}s")
-        content = None if json_body is None else json.dumps(json_body).encode()
-        sent = dict(headers or {})
-        if content is not None:
-            sent["Content-Type"] = "application/json"
+            raise RetryableProviderError(self.redact(f"{what}: no time left within {self._bound}s"))
+        request.extensions["timeout"] = httpx.Timeout(remaining).as_dict()
         try:
-            with self._client.stream(
-                method, url, content=content, headers=sent, params=params, timeout=remaining
-            ) as response:
+            response = self._client.send(request, stream=True)
+            try:
                 chunks: list[bytes] = []
                 size = 0
                 for chunk in response.iter_bytes():
+                    chunks.append(chunk)
                     size += len(chunk)
                     if size > MAX_RESPONSE_BYTES:
-                        raise PermanentProviderError(
-                            f"{what}: answer is over {MAX_RESPONSE_BYTES} bytes"
-                        )
-                    if self._remaining() <= 0:
+                        raise PermanentProviderError(f"{what}: answer over {MAX_RESPONSE_BYTES} B")
+                    if time.monotonic() > self._deadline:
                         raise httpx.ReadTimeout("answer still arriving at the deadline")
-                    chunks.append(chunk)
-                return response.status_code, b"".join(chunks)
+            finally:
+                response.close()
+        except httpx.ConnectError:
+            return None
         except httpx.TimeoutException as exc:
             raise RetryableProviderError(
                 self.redact(f"{what}: no answer within {self._bound}s ({exc})")
             ) from None
-        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        except httpx.UnsupportedProtocol as exc:
             raise PermanentProviderError(self.redact(f"{what}: {exc}")) from None
-        except httpx.ConnectError:
-            raise
         except httpx.TransportError as exc:
             raise RetryableProviderError(
                 self.redact(f"{what}: connection failed ({exc})")
             ) from None
+        return response.status_code, b"".join(chunks)
 
     def _reply(
         self, what: str, method: str, url: str, status: int, raw: bytes, accept: Collection[int]
@@ -164,18 +145,14 @@ class Exchange:
             if status >= 500 or status in _TRANSIENT_CLIENT_STATUSES:
                 raise RetryableProviderError(message)
             raise PermanentProviderError(message)
-        if not text.strip():
-            return Reply(status, None)
         try:
-            return Reply(status, json.loads(text))
+            return Reply(status, json.loads(text) if text.strip() else None)
         except json.JSONDecodeError:
             if status in accept:
                 return Reply(status, None)
+            snippet = self.redact(text.strip()[:_SNIPPET_CHARS])
             raise PermanentProviderError(
-                self.redact(
-                    f"{what}: {method} {url} answered {status} with a body that is not "
-                    f"JSON: {text.strip()[:_SNIPPET_CHARS]}"
-                )
+                f"{what}: {method} {url} answered {status} with a body that is not JSON: {snippet}"
             ) from None
 
 
@@ -189,6 +166,14 @@ def exchange(bound: float, secrets: Collection[str] = ()) -> Iterator[Exchange]:
 def json_size(value: JSON) -> int:
     """Bytes of ``value`` as the engine stores it."""
     return len(json.dumps(value, ensure_ascii=False).encode())
+
+
+def oversize(output: JSON, limit: int) -> str | None:
+    """Why ``output`` cannot be a step's output, or ``None`` when it fits."""
+    size = json_size(output)
+    if size <= limit:
+        return None
+    return f"the output is {size} bytes, over the limit of {limit} (ORCH_MAX_OUTPUT_BYTES)"
 
 
 def fill(template: JSON, values: Mapping[str, JSON]) -> JSON:
@@ -240,26 +225,17 @@ def check_url(value: Any, field: str) -> None:
         raise ValidationError(field, f"must be an absolute http(s) URL, not {value!r}")
 
 
-def check_mapping(options: Mapping[str, Any], name: str) -> None:
-    """An optional option that must be a JSON object."""
-    if name in options and not isinstance(options[name], Mapping):
-        raise ValidationError(name, "must be a mapping")
-
-
-def check_known(options: Mapping[str, Any], known: Collection[str], what: str) -> None:
+def check_known(options: Mapping[str, Any], known: Collection[str], where: str = "") -> None:
     """Reject unknown option names, so a typo fails the launch and not the step."""
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ValidationError(
-            unknown[0], f"is not a {what} option; known: {', '.join(sorted(known))}"
-        )
+        raise ValidationError(where + unknown[0], f"is not known; known: {', '.join(known)}")
 
 
 # --- the http provider -------------------------------------------------------------------
 
-_REQUESTS = ("start", "status", "cancel", "resume")
 _PATHS = ("run_id_path", "status_path", "output_path", "error_path", "prompt_path")
-_OPTIONS = (*_REQUESTS, *_PATHS, "status_map", "headers")
+_OPTIONS = ("start", "status", "cancel", "resume", *_PATHS, "status_map", "headers")
 _SPEC_KEYS = ("url", "method", "headers", "body")
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _DEFAULT_METHODS = {"start": "POST", "resume": "POST", "status": "GET", "cancel": "POST"}
@@ -289,11 +265,7 @@ def _check_spec(options: Mapping[str, Any], name: str) -> None:
     spec = options.get(name)
     if not isinstance(spec, Mapping):
         raise ValidationError(name, "is required: a mapping with url (and method, headers, body)")
-    unknown = sorted(set(spec) - set(_SPEC_KEYS))
-    if unknown:
-        raise ValidationError(
-            f"{name}.{unknown[0]}", f"is not known; known: {', '.join(_SPEC_KEYS)}"
-        )
+    check_known(spec, _SPEC_KEYS, f"{name}.")
     check_url(spec.get("url"), f"{name}.url")
     method = spec.get("method", _DEFAULT_METHODS[name])
     if not isinstance(method, str) or method.upper() not in _METHODS:
@@ -322,7 +294,7 @@ class HttpProvider:
         self._settings = settings
 
     def validate(self, options: Mapping[str, Any]) -> None:
-        check_known(options, _OPTIONS, "http")
+        check_known(options, _OPTIONS)
         for name in ("start", "status", "cancel"):
             _check_spec(options, name)
         if "resume" in options:
@@ -331,11 +303,9 @@ class HttpProvider:
             _check_headers(options["headers"], "headers")
         for name in _PATHS:
             value = options.get(name)
-            if value is not None and (not isinstance(value, str) or not value):
+            needed = value is not None or name in ("run_id_path", "status_path")
+            if needed and not (isinstance(value, str) and value):
                 raise ValidationError(name, "must be a dotted path such as data.id")
-        for name in ("run_id_path", "status_path"):
-            if name not in options:
-                raise ValidationError(name, "is required: a dotted path such as data.id")
         status_map = options.get("status_map")
         if status_map is None:
             return
@@ -404,7 +374,7 @@ class HttpProvider:
             )
         return str(run_id)
 
-    def _observe(self, ref: TurnRef) -> tuple[TurnStatus, JSON]:
+    def status(self, ref: TurnRef) -> TurnStatus:
         if ref.provider_run_id is None:
             raise PermanentProviderError(
                 "http status: the turn has no provider run id (start never answered)"
@@ -423,7 +393,7 @@ class HttpProvider:
                 f"http status: the service said {word!r}, which status_map does not know; "
                 f"known words: {', '.join(sorted(known))}"
             )
-        return self._status(known[word], word, reply.body, options), reply.body
+        return self._status(known[word], word, reply.body, options)
 
     def _status(
         self, status: ProviderStatus, word: str, body: JSON, options: Mapping[str, Any]
@@ -433,14 +403,9 @@ class HttpProvider:
 
         if status in (ProviderStatus.COMPLETED, ProviderStatus.IDLE):
             output = at("output_path")
-            size = json_size(output)
-            if size > self._settings.max_output_bytes:
-                return TurnStatus(
-                    ProviderStatus.FAILED,
-                    raw=word,
-                    error=f"the output is {size} bytes, over the limit of "
-                    f"{self._settings.max_output_bytes} (ORCH_MAX_OUTPUT_BYTES)",
-                )
+            too_big = oversize(output, self._settings.max_output_bytes)
+            if too_big:
+                return TurnStatus(ProviderStatus.FAILED, raw=word, error=too_big)
             return TurnStatus(status, raw=word, output=output)
         if status is ProviderStatus.FAILED:
             error = at("error_path")
@@ -450,9 +415,6 @@ class HttpProvider:
             return TurnStatus(status, raw=word, prompt=at("prompt_path"))
         return TurnStatus(status, raw=word)
 
-    def status(self, ref: TurnRef) -> TurnStatus:
-        return self._observe(ref)[0]
-
     def cancel(self, ref: TurnRef) -> None:
         # Without a run id there is nothing to address; asking start again would begin a turn.
         if ref.provider_run_id is None:
@@ -461,7 +423,5 @@ class HttpProvider:
         self._call(ref.options, "cancel", values, accept=_CANCEL_DONE)
 
     def snapshot(self, ref: TurnRef) -> JSON:
-        observed, body = self._observe(ref)
-        if json_size(body) > self._settings.max_output_bytes:
-            body = {"omitted": f"{json_size(body)} bytes, over ORCH_MAX_OUTPUT_BYTES"}
-        return {"status": observed.raw, "output": observed.output, "response": body}
+        observed = self.status(ref)
+        return {"status": observed.raw, "output": observed.output}

@@ -31,11 +31,11 @@ from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequ
 from orchestration.providers.http import (
     Exchange,
     check_known,
-    check_mapping,
     check_url,
     exchange,
     fill,
     json_size,
+    oversize,
 )
 from orchestration.settings import Settings
 
@@ -107,13 +107,14 @@ class LangGraphProvider:
         self._settings = settings
 
     def validate(self, options: Mapping[str, Any]) -> None:
-        check_known(options, _OPTIONS, "langgraph")
+        check_known(options, _OPTIONS)
         check_url(options.get("url"), "url")
         assistant = options.get("assistant_id")
         if not isinstance(assistant, str) or not assistant:
             raise ValidationError("assistant_id", "is required: an assistant id or graph name")
-        check_mapping(options, "input")
-        check_mapping(options, "config")
+        for name in ("input", "config"):
+            if name in options and not isinstance(options[name], Mapping):
+                raise ValidationError(name, "must be a mapping")
         api_key_env = options.get("api_key_env")
         if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
             raise ValidationError("api_key_env", "must name an environment variable")
@@ -270,14 +271,9 @@ class LangGraphProvider:
                 "provider does not know (idle, busy, interrupted, error)"
             )
         output = last_answer(thread.get("values"))
-        size = json_size(output)
-        if size > self._settings.max_output_bytes:
-            return TurnStatus(
-                ProviderStatus.FAILED,
-                raw=raw,
-                error=f"the answer is {size} bytes, over the limit of "
-                f"{self._settings.max_output_bytes} (ORCH_MAX_OUTPUT_BYTES)",
-            )
+        too_big = oversize(output, self._settings.max_output_bytes)
+        if too_big:
+            return TurnStatus(ProviderStatus.FAILED, raw=raw, error=too_big)
         return TurnStatus(ProviderStatus.COMPLETED, raw=raw, output=output)
 
     def _error(

@@ -1,0 +1,62 @@
+"""Service selection for the whole suite.
+
+``ORCH_TEST_BROKER_URL`` (Redis or RabbitMQ) and ``ORCH_TEST_DATABASE_URL`` (PostgreSQL) select
+real services; ``.ci/run`` sets both. Without them, integration tests run on the embedded
+broker and SQLite, and the summary says so. With ``CI=true`` a missing service fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+BROKER_URL = os.environ.get("ORCH_TEST_BROKER_URL")
+DATABASE_URL = os.environ.get("ORCH_TEST_DATABASE_URL")
+_NOTES: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if IN_CI and not (BROKER_URL and DATABASE_URL):
+        raise pytest.UsageError(
+            "CI=true but ORCH_TEST_BROKER_URL and ORCH_TEST_DATABASE_URL are not both set: "
+            "CI must test against real Redis/RabbitMQ and PostgreSQL"
+        )
+    if not BROKER_URL:
+        _NOTES.append("broker: embedded (fakeredis over TCP); set ORCH_TEST_BROKER_URL for Redis")
+    if not DATABASE_URL:
+        _NOTES.append("database: SQLite; set ORCH_TEST_DATABASE_URL for PostgreSQL")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.section("services")
+    terminalreporter.write_line(f"broker:   {BROKER_URL or 'embedded'}")
+    terminalreporter.write_line(f"database: {_redact(DATABASE_URL) or 'SQLite'}")
+    for note in _NOTES:
+        terminalreporter.write_line(f"NOT TESTED ON A REAL SERVICE: {note}")
+
+
+def _redact(url: str | None) -> str | None:
+    if url is None:
+        return None
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}: last={last!r}")
