@@ -327,6 +327,15 @@ def demo() -> None:
     raise typer.Exit(run_demo(out))
 
 
+def _register_extensions() -> None:
+    from orchestration.api.commands import register
+
+    register(app)
+
+
+_register_extensions()
+
+
 def main() -> None:
     """Entry point: configuration errors are reported like any other error."""
     try:

@@ -58,5 +58,7 @@ def get_provider(name: str, settings: Settings) -> Provider:
         )
     key = (name, id(settings))
     if key not in _CACHE:
-        _CACHE[key] = _FACTORIES[name](settings)
+        from orchestration.instruments import Instrumented
+
+        _CACHE[key] = Instrumented(_FACTORIES[name](settings))
     return _CACHE[key]

@@ -1,0 +1,122 @@
+"""CLI commands for the HTTP surface: ``orchestration api`` and ``orchestration tokens``.
+
+Registered on the main typer app by :func:`register`; the heavy imports (FastAPI, uvicorn)
+happen inside the commands, so the rest of the CLI starts as fast as before.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestration.errors import OrchestrationError
+
+tokens_app = typer.Typer(
+    help="API tokens (bearer tokens that act as an owner).", no_args_is_help=True
+)
+_out = Console()
+_err = Console(stderr=True)
+
+
+def _fail(exc: OrchestrationError) -> typer.Exit:
+    _err.print(f"[red]error:[/] {exc}", highlight=False)
+    return typer.Exit(2)
+
+
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+) -> None:
+    """Serve the HTTP API, the dashboard and /metrics (uvicorn)."""
+    import uvicorn
+
+    from orchestration.api.app import create_app
+
+    try:
+        app = create_app()
+    except OrchestrationError as exc:
+        raise _fail(exc) from None
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+@tokens_app.command("create")
+def create(
+    owner: Annotated[str, typer.Option("--owner", help="The owner the token acts as.")],
+    name: Annotated[str | None, typer.Option("--name", help="A label, e.g. ci or alice.")] = None,
+) -> None:
+    """Create a token and print it once (only its hash is stored)."""
+    from orchestration.api import tokens
+    from orchestration.db import session_scope, utcnow
+    from orchestration.settings import get_settings
+
+    url = get_settings().database_url
+    try:
+        tokens.check_ready(url)
+        with session_scope(url) as session:
+            token = tokens.create(session, owner, name, now=utcnow())
+    except OrchestrationError as exc:
+        raise _fail(exc) from None
+    sys.stdout.write(token + "\n")
+    _err.print(
+        f"token for owner [bold]{owner}[/] created; it is shown only now, store it safely",
+        highlight=False,
+    )
+
+
+@tokens_app.command("list")
+def list_tokens(
+    owner: Annotated[str | None, typer.Option("--owner", help="Only this owner's.")] = None,
+) -> None:
+    """List tokens by id (a hash prefix), owner, name and state; never the tokens."""
+    from orchestration.api import tokens
+    from orchestration.db import session_scope
+    from orchestration.settings import get_settings
+
+    url = get_settings().database_url
+    try:
+        tokens.check_ready(url)
+        with session_scope(url) as session:
+            rows = tokens.listing(session, owner)
+    except OrchestrationError as exc:
+        raise _fail(exc) from None
+    table = Table("id", "owner", "name", "created", "revoked")
+    for row in rows:
+        table.add_row(
+            row.token_hash[:12],
+            row.owner,
+            row.name or "-",
+            row.created_at.isoformat(timespec="seconds"),
+            row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else "-",
+        )
+    _out.print(table)
+
+
+@tokens_app.command("revoke")
+def revoke(
+    token: Annotated[str, typer.Argument(help="The token, or its id from `tokens list`.")],
+) -> None:
+    """Revoke a token: requests with it get 401 from now on (idempotent)."""
+    from orchestration.api import tokens
+    from orchestration.db import session_scope, utcnow
+    from orchestration.settings import get_settings
+
+    url = get_settings().database_url
+    try:
+        tokens.check_ready(url)
+        with session_scope(url) as session:
+            row = tokens.revoke(session, token, now=utcnow())
+            ident, owner = row.token_hash[:12], row.owner
+    except OrchestrationError as exc:
+        raise _fail(exc) from None
+    _out.print(f"token {ident} of owner {owner} revoked", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``api`` and ``tokens`` to the main CLI."""
+    app.command("api")(serve)
+    app.add_typer(tokens_app, name="tokens")

@@ -1,0 +1,242 @@
+"""The runs dashboard: server-rendered HTML, no JavaScript, no build step.
+
+Auth is the API token, sent once through the login form and then kept in an ``HttpOnly``,
+``SameSite=Strict`` cookie scoped to ``/dashboard`` (a bearer header works too). The form is a
+POST, so the token never lands in a URL, a history entry or an access log. State-changing
+forms carry a CSRF value derived from the token. Templates autoescape everything.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
+
+from orchestration.api import paging
+from orchestration.api.auth import COOKIE, csrf_ok, csrf_value, dashboard_token, resolve
+from orchestration.api.auth import orchestrator as app_orchestrator
+from orchestration.errors import OrchestrationError, RunNotFound
+from orchestration.service import Orchestrator
+from orchestration.states import RUN_LIVE, RUN_TERMINAL, Health, RunStatus
+
+router = APIRouter(prefix="/dashboard", include_in_schema=False)
+
+#: Runs per dashboard page.
+PAGE_SIZE = 50
+#: How long the login cookie lasts (seconds); revoking the token ends it at once anyway.
+COOKIE_MAX_AGE = 12 * 3600
+
+_templates = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(default=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def duration(seconds: float) -> str:
+    """``95`` -> ``1m 35s``: two units at most, for a laptop-width column."""
+    seconds = abs(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def relative(now: datetime, when: datetime | None) -> str:
+    """``in 12s`` / ``3m 2s ago`` / ``-``."""
+    if when is None:
+        return "-"
+    delta = (when - now).total_seconds()
+    return f"in {duration(delta)}" if delta >= 0 else f"{duration(delta)} ago"
+
+
+def stamp(when: datetime | None) -> str:
+    return when.strftime("%Y-%m-%d %H:%M:%S") if when else "-"
+
+
+def preview(value: Any, limit: int = 160) -> str:
+    if value is None:
+        return "-"
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_templates.filters.update(duration=duration, stamp=stamp, preview=preview)
+
+
+def _page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    return HTMLResponse(_templates.get_template(name).render(**context), status_code=status_code)
+
+
+def _to_login() -> RedirectResponse:
+    return RedirectResponse("/dashboard/login", status_code=303)
+
+
+def _session(request: Request) -> tuple[Orchestrator, str, str] | None:
+    """The orchestrator, the caller's token and owner; ``None`` when not signed in."""
+    orch = app_orchestrator(request)
+    token = dashboard_token(request)
+    owner = resolve(orch, token)
+    if token is None or owner is None:
+        return None
+    return orch, token, owner
+
+
+@router.get("", response_class=HTMLResponse)
+def runs_page(
+    request: Request,
+    status: Annotated[str | None, Query()] = None,
+    health: Annotated[str | None, Query()] = None,
+    cursor: Annotated[str | None, Query()] = None,
+    refresh: Annotated[int | None, Query(ge=2, le=3600)] = None,
+) -> Response:
+    """The caller's runs, newest first, filterable by status and health."""
+    signed_in = _session(request)
+    if signed_in is None:
+        return _to_login()
+    orch, _, owner = signed_in
+    status, health = status or None, health or None
+    filters = {"status": status, "health": health, "refresh": refresh}
+    error: str | None = None
+    try:
+        runs, last = paging.page(
+            orch,
+            owner=owner,
+            status=status,
+            health=health,
+            limit=PAGE_SIZE,
+            after=paging.start_key(cursor, None),
+        )
+    except OrchestrationError as exc:
+        runs, last, error = [], None, str(exc)
+    now = orch.clock()
+    older = None
+    if last is not None:
+        older = "?" + urlencode(
+            {k: v for k, v in {**filters, "cursor": last.encode()}.items() if v is not None}
+        )
+    return _page(
+        "runs.html",
+        owner=owner,
+        runs=runs,
+        now=now,
+        relative=relative,
+        filters=filters,
+        statuses=[s.value for s in RunStatus],
+        healths=[h.value for h in Health],
+        error=error,
+        older=older,
+        refresh=refresh,
+        live={s.value for s in RUN_LIVE},
+    )
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(
+    request: Request,
+    run_id: str,
+    refresh: Annotated[int | None, Query(ge=2, le=3600)] = None,
+) -> Response:
+    """One run: its steps, its journal as a timeline, the explanation and a cancel button."""
+    signed_in = _session(request)
+    if signed_in is None:
+        return _to_login()
+    orch, token, owner = signed_in
+    try:
+        record = orch.get(run_id, owner=owner)
+        summary = orch.explain(run_id, owner=owner)
+        journal = orch.events(run_id, owner=owner)
+    except RunNotFound as exc:
+        return _page("error.html", 404, owner=owner, title="Not found", message=str(exc))
+    now = orch.clock()
+    return _page(
+        "run.html",
+        owner=owner,
+        run=record,
+        explain=summary,
+        events=journal,
+        now=now,
+        relative=relative,
+        csrf=csrf_value(token),
+        terminal=RunStatus(record.status) in RUN_TERMINAL,
+        refresh=refresh,
+    )
+
+
+async def _form(request: Request) -> dict[str, str]:
+    # A urlencoded form, parsed here rather than through python-multipart: the body is
+    # already bounded by the BodyLimit middleware.
+    fields = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=20)
+    return {key: values[0] for key, values in fields.items()}
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel_run(request: Request, run_id: str) -> Response:
+    """The cancel button: cancel, then show the run again (303, so a reload does not repost)."""
+    signed_in = await run_in_threadpool(_session, request)
+    if signed_in is None:
+        return _to_login()
+    orch, token, owner = signed_in
+    form = await _form(request)
+    if not csrf_ok(token, form.get("csrf", "")):
+        return _page(
+            "error.html",
+            403,
+            owner=owner,
+            title="Refused",
+            message="the form is stale or came from another site; reload the run page",
+        )
+    graceful = form.get("graceful") == "true"
+    try:
+        await run_in_threadpool(orch.cancel, run_id, owner=owner, graceful=graceful)
+    except RunNotFound as exc:
+        return _page("error.html", 404, owner=owner, title="Not found", message=str(exc))
+    return RedirectResponse(f"/dashboard/runs/{run_id}", status_code=303)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page() -> Response:
+    """The sign-in form."""
+    return _page("login.html", owner=None, error=None)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    """Check the token and keep it in the cookie."""
+    token = (await _form(request)).get("token", "").strip()
+    orch = app_orchestrator(request)
+    if await run_in_threadpool(resolve, orch, token) is None:
+        return _page("login.html", 401, owner=None, error="unknown or revoked token")
+    response = RedirectResponse("/dashboard", status_code=303)
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=COOKIE_MAX_AGE,
+        path="/dashboard",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@router.post("/logout")
+def logout() -> Response:
+    """Forget the cookie."""
+    response = _to_login()
+    response.delete_cookie(COOKIE, path="/dashboard")
+    return response

@@ -1,0 +1,119 @@
+"""Cursor pagination over ``Orchestrator.list``, with the health filter the database lacks.
+
+Health is derived from the row and the clock, never stored, so a health filter reads pages
+and keeps the matching runs. The cursor is the last run *read* (not the last returned), so a
+filtered page may hold fewer than ``limit`` runs while ``next_cursor`` is still set; a client
+follows ``next_cursor`` until it is ``null``.
+
+``Orchestrator.list`` pages with ``created_at < before``, which would skip runs sharing the
+boundary's timestamp; so each page asks for ``before = created_at + 1µs`` and drops the runs
+already read by comparing ``(created_at, id)``, the list's own order.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from orchestration.errors import ValidationError
+from orchestration.records import RunRecord
+from orchestration.service import MAX_PAGE, Orchestrator
+from orchestration.states import Health
+
+#: Most runs one filtered request reads before it returns a short page with a cursor.
+SCAN_LIMIT = 4 * MAX_PAGE
+_TICK = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True, order=True)
+class Key:
+    """A position in the list's order: newest first, ties by id descending.
+
+    An empty ``run_id`` means every run at ``created_at`` was read.
+    """
+
+    created_at: datetime
+    run_id: str
+
+    def encode(self) -> str:
+        raw = f"{self.created_at.isoformat()}|{self.run_id}".encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, cursor: str) -> Key:
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+            stamp, run_id = raw.split("|", 1)
+            created_at = datetime.fromisoformat(stamp)
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            raise ValidationError("cursor", "is not a cursor this API returned") from None
+        if created_at.tzinfo is None:
+            raise ValidationError("cursor", "is not a cursor this API returned")
+        return cls(created_at, run_id)
+
+    @classmethod
+    def of(cls, record: RunRecord) -> Key:
+        return cls(record.created_at, record.id)
+
+
+def check_health(health: str | None) -> None:
+    """Raise :class:`ValidationError` for an unknown health filter."""
+    if health is not None and health not in {h.value for h in Health}:
+        raise ValidationError(
+            "health", f"unknown health {health!r}; one of {[h.value for h in Health]}"
+        )
+
+
+def start_key(cursor: str | None, before: datetime | None) -> Key | None:
+    """Where a page starts: after ``cursor``, or strictly before the ``before`` timestamp."""
+    if cursor is not None and before is not None:
+        raise ValidationError("cursor", "give either cursor or before, not both")
+    if cursor is not None:
+        return Key.decode(cursor)
+    if before is not None:
+        if before.tzinfo is None:
+            raise ValidationError("before", "must include a timezone, e.g. 2026-01-01T00:00:00Z")
+        return Key(before, "")
+    return None
+
+
+def page(
+    orch: Orchestrator,
+    *,
+    owner: str,
+    status: str | None,
+    health: str | None,
+    limit: int,
+    after: Key | None,
+) -> tuple[list[RunRecord], Key | None]:
+    """Up to ``limit`` of the owner's runs after ``after``; and the key to continue from."""
+    check_health(health)
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValidationError("limit", f"must be between 1 and {MAX_PAGE}")
+    batch_size = limit if health is None else MAX_PAGE
+    found: list[RunRecord] = []
+    seen = after
+    scanned = 0
+    while True:
+        before = None
+        if seen is not None:
+            before = seen.created_at + _TICK if seen.run_id else seen.created_at
+        batch = orch.list(owner=owner, status=status, limit=batch_size, before=before)
+        fresh = [record for record in batch if seen is None or Key.of(record) < seen]
+        if not fresh and len(batch) == batch_size and seen is not None:
+            # More than a page of runs share one microsecond: step past all of them.
+            seen = Key(seen.created_at, "")
+            continue
+        for record in fresh:
+            seen = Key.of(record)
+            scanned += 1
+            if health is None or record.health == health:
+                found.append(record)
+                if len(found) == limit:
+                    return found, seen
+        if len(batch) < batch_size:
+            return found, None
+        if scanned >= SCAN_LIMIT:
+            return found, seen

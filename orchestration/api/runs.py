@@ -1,0 +1,165 @@
+"""``/runs``: launch, list, get, cancel, answer, explain and events, scoped to the caller.
+
+Thin: each route parses the request, calls :class:`~orchestration.service.Orchestrator` and
+returns its record. Another owner's run is ``404 not_found``, exactly like a missing one.
+Routes are sync: FastAPI runs them in its thread pool, and the service is blocking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Header, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestration.api import paging
+from orchestration.api.auth import ApiOwner, Orch
+from orchestration.claims import OnConflict
+from orchestration.errors import ValidationError
+from orchestration.records import RunRecord
+from orchestration.service import MAX_PAGE
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+
+class LaunchRequest(BaseModel):
+    """What to run. ``request_id`` (or the ``Idempotency-Key`` header) makes it idempotent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflow: dict[str, Any] = Field(description="The workflow definition: name and steps.")
+    args: dict[str, Any] | None = Field(None, description="Values for `{{ args.* }}`.")
+    request_id: str | None = Field(
+        None, description="Idempotency key: the same value returns the same run."
+    )
+    concurrency_key: str | None = Field(
+        None, description="At most one active run per (owner, key)."
+    )
+    on_conflict: OnConflict = Field(
+        OnConflict.REJECT, description="What to do when the concurrency key is held."
+    )
+
+
+class AnswerRequest(BaseModel):
+    """The answer to a step parked for a human."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: str = Field(description="The parked step's id.")
+    value: Any = Field(description="Any JSON value; the step resumes with it.")
+
+
+class RunPage(BaseModel):
+    """One page of runs, newest first."""
+
+    runs: list[RunRecord]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; `null` when there is none."
+    )
+
+
+class EventRecord(BaseModel):
+    """One journal entry: a status change of the run (``step_id`` null) or of a step."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    step_id: str | None
+    from_: str | None = Field(alias="from")
+    to: str
+    cause: str
+    stop_reason: str | None
+    at: datetime
+
+
+@router.post("", status_code=201, summary="Launch a run")
+def launch(
+    body: LaunchRequest,
+    owner: ApiOwner,
+    orch: Orch,
+    idempotency_key: Annotated[
+        str | None,
+        Header(alias="Idempotency-Key", description="Same as `request_id` in the body."),
+    ] = None,
+) -> RunRecord:
+    """Validate and launch; a repeated ``request_id`` returns the existing run (also 201)."""
+    request_id = body.request_id
+    if idempotency_key is not None:
+        if request_id is not None and request_id != idempotency_key:
+            raise ValidationError("request_id", "differs from the Idempotency-Key header")
+        request_id = idempotency_key
+    return orch.launch(
+        body.workflow,
+        body.args,
+        owner=owner,
+        request_id=request_id,
+        concurrency_key=body.concurrency_key,
+        on_conflict=body.on_conflict.value,
+    )
+
+
+@router.get("", summary="List runs")
+def list_runs(
+    owner: ApiOwner,
+    orch: Orch,
+    status: Annotated[str | None, Query(description="Only runs with this status.")] = None,
+    health: Annotated[
+        str | None, Query(description="Only runs with this health (working/waiting/…).")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the last page.")] = None,
+    before: Annotated[
+        datetime | None, Query(description="Only runs created before this time (ISO 8601).")
+    ] = None,
+) -> RunPage:
+    """The caller's runs, newest first, one page at a time."""
+    runs, last = paging.page(
+        orch,
+        owner=owner,
+        status=status,
+        health=health,
+        limit=limit,
+        after=paging.start_key(cursor, before),
+    )
+    return RunPage(runs=runs, next_cursor=last.encode() if last else None)
+
+
+@router.get("/{run_id}", summary="Get a run")
+def get_run(run_id: str, owner: ApiOwner, orch: Orch) -> RunRecord:
+    """The run with its steps and derived health."""
+    return orch.get(run_id, owner=owner)
+
+
+@router.post("/{run_id}/cancel", summary="Cancel a run")
+def cancel(
+    run_id: str,
+    owner: ApiOwner,
+    orch: Orch,
+    graceful: Annotated[
+        bool, Query(description="Only record the request; the step honours it at its next poll.")
+    ] = False,
+) -> RunRecord:
+    """Cancel; returns the terminal ``cancelled`` record (``cancelling`` when graceful)."""
+    return orch.cancel(run_id, owner=owner, graceful=graceful)
+
+
+@router.post("/{run_id}/answer", summary="Answer a run parked for a human")
+def answer(run_id: str, body: AnswerRequest, owner: ApiOwner, orch: Orch) -> RunRecord:
+    """Resume the parked step with the answer; 409 ``conflict`` if it is not waiting for one."""
+    return orch.answer(run_id, body.step, body.value, owner=owner)
+
+
+@router.get("/{run_id}/explain", summary="Explain a run")
+def explain(run_id: str, owner: ApiOwner, orch: Orch) -> dict[str, Any]:
+    """Why the run is where it is, what moves it next, and its ``deadline_at``."""
+    return orch.explain(run_id, owner=owner)
+
+
+@router.get("/{run_id}/events", summary="A run's event journal")
+def events(run_id: str, owner: ApiOwner, orch: Orch) -> list[EventRecord]:
+    """Every status change of the run and its steps, oldest first."""
+    # cast: ``Orchestrator.list`` shadows the builtin in the class body, so mypy cannot read
+    # the declared ``list[dict[str, Any]]`` return type of ``events``.
+    journal = cast("Iterable[dict[str, Any]]", orch.events(run_id, owner=owner))
+    return [EventRecord.model_validate(event) for event in journal]

@@ -1,0 +1,291 @@
+"""Every run converges, with a real beat and real workers that die: each scenario ends in a
+terminal row by the ``deadline_at`` the run stated when the fault happened."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from orchestration.db import session_scope, utcnow
+from orchestration.models import RunEvent
+from orchestration.processes import ManagedProcess
+from orchestration.records import RunRecord
+from orchestration.service import Orchestrator, is_terminal
+from tests.conftest import wait_for
+from tests.integration.conftest import Stack
+
+pytestmark = pytest.mark.integration
+
+#: Clock skew and scheduling slack allowed between the test process and the stack.
+SLACK = timedelta(seconds=1.5)
+
+
+def one_step(states: list[list[Any]], **extra: Any) -> dict[str, Any]:
+    options = {"states": states, **extra.pop("with", {})}
+    return {
+        "name": extra.pop("name", "conv"),
+        "steps": [{
+            "id": "s1", "provider": "scripted", "task": "go", "poll_interval": 0.2,
+            "max_poll_interval": 1.0, "with": options, **extra,
+        }],
+    }
+
+
+def terminal(orch: Orchestrator, run_id: str, owner: str, timeout: float = 40) -> RunRecord:
+    record: RunRecord = wait_for(
+        lambda: (r := orch.get(run_id, owner=owner)) and is_terminal(r) and r,
+        timeout, interval=0.1, what=f"run {run_id} terminal",
+    )
+    return record
+
+
+def journal(stack: Stack, run_id: str) -> list[RunEvent]:
+    with session_scope(stack.settings.database_url) as session:
+        rows = session.scalars(
+            select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
+        ).all()
+        session.expunge_all()
+        return list(rows)
+
+
+def first_event_after(stack: Stack, run_id: str, after: datetime) -> RunEvent:
+    return next(e for e in journal(stack, run_id) if e.step_id is None and e.at > after)
+
+
+@pytest.fixture()
+def workers(stack: Stack) -> Iterator[list[ManagedProcess]]:
+    """Workers this test starts (and may kill); all stopped at the end."""
+    started: list[ManagedProcess] = []
+    yield started
+    for process in started:
+        if process in stack.processes:
+            stack.processes.remove(process)
+        process.stop()
+
+
+def kill(process: ManagedProcess) -> None:
+    process.signal(signal.SIGKILL)
+    process.proc.wait(10)
+
+
+def test_worker_killed_while_step_waits_on_countdown_is_rearmed(
+    stack: Stack, beat: ManagedProcess, orch: Orchestrator, owner: str,
+    workers: list[ManagedProcess],
+) -> None:
+    workers.append(stack.start_worker("doomed"))
+    run = orch.launch(
+        one_step([["running", 6.0], ["completed"]], poll_interval=1.5, max_poll_interval=2.0),
+        owner=owner,
+    )
+    wait_for(lambda: orch.get(run.id, owner=owner).steps[0].polls >= 2, 20, what="polling")
+    kill(workers[0])
+    killed_at = utcnow()
+    stated = orch.get(run.id, owner=owner).deadline_at
+    assert stated is not None
+    workers.append(stack.start_worker("survivor"))
+    done = terminal(orch, run.id, owner)
+    assert (done.status, done.stop_reason) == ("completed", "completed")
+    rearm = first_event_after(stack, run.id, killed_at)
+    assert rearm.to_status == "parked" and "re-armed" in rearm.cause
+    assert rearm.at <= stated + SLACK, "re-armed after the stated deadline"
+    assert done.rearms == 1
+
+
+def test_graceful_cancel_with_a_dead_worker_is_enforced(
+    stack: Stack, beat: ManagedProcess, orch: Orchestrator, owner: str,
+    workers: list[ManagedProcess],
+) -> None:
+    workers.append(stack.start_worker("doomed2"))
+    run = orch.launch(one_step([["running"]], poll_interval=1.0), owner=owner)
+    wait_for(lambda: orch.get(run.id, owner=owner).steps[0].polls >= 2, 20, what="polling")
+    kill(workers[0])
+    record = orch.cancel(run.id, owner=owner, graceful=True)
+    assert record.status == "cancelling" and record.deadline_at is not None
+    workers.append(stack.start_worker("sweeps"))
+    done = terminal(orch, run.id, owner)
+    assert (done.status, done.stop_reason) == ("cancelled", "cancel_enforced")
+    assert done.finished_at is not None and done.finished_at <= record.deadline_at + SLACK
+    assert stack.turns(run.id)[0]["cancel_requested_at"] is not None
+
+
+def test_graceful_cancel_with_a_live_worker_stops_cooperatively(
+    stack: Stack, worker: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    run = orch.launch(one_step([["running"]]), owner=owner)
+    wait_for(lambda: orch.get(run.id, owner=owner).steps[0].polls >= 2, 20, what="polling")
+    record = orch.cancel(run.id, owner=owner, graceful=True)
+    assert record.status == "cancelling"
+    done = terminal(orch, run.id, owner, timeout=10)
+    assert (done.status, done.stop_reason) == ("cancelled", "cancel_requested")
+    assert any("honoured by the step" in e.cause for e in journal(stack, run.id))
+
+
+def test_human_park_never_answered_times_out_by_its_deadline(
+    stack: Stack, worker: ManagedProcess, beat: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    run = orch.launch(
+        one_step([["running", 0.2], ["input_required"]], **{"with": {"prompt": "approve?"}}),
+        owner=owner,
+    )
+    parked = wait_for(
+        lambda: (r := orch.get(run.id, owner=owner)).status == "parked" and r, 15, what="park"
+    )
+    assert parked.park_reason == "human" and parked.steps[0].prompt == "approve?"
+    assert parked.health == "waiting" and parked.deadline_at is not None
+    done = terminal(orch, run.id, owner)
+    assert (done.status, done.stop_reason) == ("timed_out", "park_expired")
+    assert done.finished_at is not None and done.finished_at <= parked.deadline_at + SLACK
+
+
+def test_answer_resumes_a_human_park(
+    stack: Stack, worker: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    run = orch.launch(one_step([["running", 0.2], ["input_required"]]), owner=owner)
+    wait_for(lambda: orch.get(run.id, owner=owner).status == "parked", 15, what="park")
+    orch.answer(run.id, "s1", {"approved": True}, owner=owner)
+    done = terminal(orch, run.id, owner)
+    assert (done.status, done.result) == ("completed", {"approved": True})
+    assert done.steps[0].attempt == 2
+    assert [t["key"].rsplit(":", 1)[1] for t in stack.turns(run.id)] == ["1", "2"]
+
+
+def test_rate_limit_park_resumes_when_reset_passes(
+    stack: Stack, worker: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    run = orch.launch(
+        one_step([["running", 0.2], ["rate_limited", 1.5], ["completed"]],
+                 **{"with": {"reset_after": 1.5}}),
+        owner=owner,
+    )
+    parked = wait_for(
+        lambda: (r := orch.get(run.id, owner=owner)).status == "parked" and r, 15, what="park"
+    )
+    assert parked.park_reason == "engine_limit" and parked.waiting_until is not None
+    done = terminal(orch, run.id, owner)
+    assert done.status == "completed"
+    assert done.parked_since is None
+
+
+def test_rate_limit_park_past_its_budget_times_out(
+    stack: Stack, worker: ManagedProcess, beat: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    run = orch.launch(
+        one_step([["running", 0.2], ["rate_limited"]], **{"with": {"reset_after": 0.5}}),
+        owner=owner,
+    )
+    parked = wait_for(
+        lambda: (r := orch.get(run.id, owner=owner)).status == "parked" and r, 15, what="park"
+    )
+    done = terminal(orch, run.id, owner)
+    assert (done.status, done.stop_reason) == ("timed_out", "park_expired")
+    assert parked.deadline_at is not None
+    assert done.finished_at is not None and done.finished_at <= parked.deadline_at + SLACK
+
+
+def test_checkpoint_effect_that_always_fails_does_not_leave_the_run_waiting(
+    stack: Stack, worker: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    run = orch.launch(
+        one_step([["completed"]], **{"with": {"checkpoint_fails": True}}), owner=owner
+    )
+    done = terminal(orch, run.id, owner)
+    assert (done.status, done.stop_reason) == ("failed", "effect_failed")
+    assert "checkpoint effect failed 3 times" in (done.error or "")
+    statuses = [e.to_status for e in journal(stack, run.id) if e.step_id is None]
+    assert "waiting" in statuses
+
+
+def test_claim_taken_over_from_a_dead_holder(
+    stack: Stack, orch: Orchestrator, owner: str, workers: list[ManagedProcess]
+) -> None:
+    workers.append(stack.start_worker("holder-host"))
+    holder = orch.launch(one_step([["running"]]), owner=owner, concurrency_key="repo-1")
+    wait_for(lambda: orch.get(holder.id, owner=owner).steps[0].polls >= 2, 20, what="polling")
+    kill(workers[0])
+    wait_for(lambda: orch.get(holder.id, owner=owner).health == "stalled", 20, what="stalled")
+    taker = orch.launch(
+        one_step([["running", 0.3], ["completed"]]), owner=owner, concurrency_key="repo-1"
+    )
+    assert taker.claim == "holding"
+    displaced = orch.get(holder.id, owner=owner)
+    assert (displaced.status, displaced.stop_reason) == ("interrupted", "displaced")
+    assert displaced.needs_review
+    workers.append(stack.start_worker("taker-host"))
+    assert terminal(orch, taker.id, owner).status == "completed"
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "failed", "swept"])
+def test_enqueued_run_starts_when_its_holder_ends(
+    stack: Stack, worker: ManagedProcess, beat: ManagedProcess, orch: Orchestrator, owner: str,
+    ending: str,
+) -> None:
+    states = {
+        "cancelled": [["running"]],
+        "failed": [["running", 1.0], ["failed"]],
+        "swept": [["running", 0.2], ["input_required"]],
+    }[ending]
+    holder = orch.launch(one_step(states), owner=owner, concurrency_key="k")
+    queued = orch.launch(
+        one_step([["completed"]]), owner=owner, concurrency_key="k", on_conflict="enqueue"
+    )
+    assert (queued.status, queued.claim, queued.health) == ("queued", "queued", "waiting")
+    if ending == "cancelled":
+        wait_for(lambda: orch.get(holder.id, owner=owner).steps[0].polls >= 1, 15)
+        orch.cancel(holder.id, owner=owner)
+    done = terminal(orch, queued.id, owner)
+    assert done.status == "completed"
+    assert orch.get(holder.id, owner=owner).status == {
+        "cancelled": "cancelled", "failed": "failed", "swept": "timed_out"}[ending]
+
+
+def test_reject_and_interrupt_policies(
+    stack: Stack, worker: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    from orchestration.errors import ConflictError
+
+    holder = orch.launch(one_step([["running"]]), owner=owner, concurrency_key="sess")
+    with pytest.raises(ConflictError, match="held by run"):
+        orch.launch(one_step([["completed"]]), owner=owner, concurrency_key="sess")
+    wait_for(lambda: orch.get(holder.id, owner=owner).steps[0].polls >= 1, 15)
+    newer = orch.launch(
+        one_step([["completed"]]), owner=owner, concurrency_key="sess", on_conflict="interrupt"
+    )
+    old = orch.get(holder.id, owner=owner)
+    assert (old.status, old.stop_reason) == ("cancelled", "preempted")
+    assert terminal(orch, newer.id, owner).status == "completed"
+    wait_for(lambda: stack.turns(holder.id)[0]["cancel_requested_at"], 10, what="turn cancel")
+
+
+def test_two_beats_close_each_run_once(
+    stack: Stack, worker: ManagedProcess, beat: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    second = stack.start_beat()
+    try:
+        runs = [
+            orch.launch(one_step([["running", 0.2], ["input_required"]]), owner=owner)
+            for _ in range(4)
+        ]
+        for run in runs:
+            assert terminal(orch, run.id, owner).stop_reason == "park_expired"
+        wait_for(lambda: "Sending due task" in second.log(), 10, what="second beat active")
+    finally:
+        stack.processes.remove(second)
+        second.stop()
+    for run in runs:
+        counts = Counter((e.step_id, e.to_status) for e in journal(stack, run.id))
+        assert all(n == 1 for n in counts.values()), counts
+
+
+def test_sweeper_liveness_is_visible(
+    stack: Stack, worker: ManagedProcess, beat: ManagedProcess
+) -> None:
+    from orchestration.liveness import check
+
+    report = wait_for(lambda: (r := check(stack.settings)) and r["ok"] and r, 15)
+    assert report["checks"]["sweeper"]["age_seconds"] < 5

@@ -1,0 +1,205 @@
+"""Helpers for the unit tier: fixed times, run builders, row snapshots, a recording dispatcher.
+
+Nothing here starts a service: every database is a SQLite file in the test's ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
+from sqlalchemy import func, select, update
+
+from orchestration import claims, launching
+from orchestration.db import session_scope
+from orchestration.dispatch import ChainPlan
+from orchestration.models import Run, RunEvent, Step
+from orchestration.settings import Settings
+
+#: Property tests: modest example counts, no per-example deadline (SQLite I/O varies), and the
+#: database fixture shared by the examples of one test (each example builds its own rows).
+hypothesis_settings.register_profile(
+    "unit",
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+PROPERTY = hypothesis_settings.get_profile("unit")
+
+#: A fixed "now" for tests whose time is a parameter.
+T0 = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+#: Shrunk, consistent bounds (the integration tier uses the same shape).
+FAST: dict[str, Any] = {
+    "heartbeat_timeout": 8.0,
+    "max_poll_interval_limit": 2.0,
+    "provider_timeout": 3.0,
+    "visibility_timeout": 60.0,
+    "sweep_interval": 1.0,
+    "cancel_grace": 2.0,
+    "max_rearms": 2,
+    "park_budget_human": 100.0,
+    "park_budget_engine_limit": 50.0,
+    "park_budget_platform_interrupt": 30.0,
+    "park_budget_default": 40.0,
+    "effect_attempts": 2,
+    "effect_backoff": 0.01,
+}
+
+
+def make_settings(tmp_path: Path, name: str = "t", **overrides: Any) -> Settings:
+    """Settings on SQLite files in ``tmp_path``; ``overrides`` replace :data:`FAST` values."""
+    values: dict[str, Any] = {
+        "database_url": f"sqlite:///{tmp_path / (name + '.db')}",
+        "scripted_url": f"sqlite:///{tmp_path / (name + '.scripted.db')}",
+        "broker_url": "memory://",
+        **FAST,
+        **overrides,
+    }
+    return Settings(**values)
+
+
+def s(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)
+
+
+def step_spec(step_id: str = "a", *, task: Any = "do it", **fields: Any) -> dict[str, Any]:
+    """One scripted step; ``with_`` becomes the ``with:`` options."""
+    spec: dict[str, Any] = {
+        "id": step_id,
+        "provider": "scripted",
+        "task": task,
+        "poll_interval": 0.1,
+        "max_poll_interval": 1.0,
+    }
+    options = fields.pop("with_", None)
+    if options is not None:
+        spec["with"] = options
+    spec.update(fields)
+    return spec
+
+
+def workflow(*steps: dict[str, Any], name: str = "wf") -> dict[str, Any]:
+    return {"name": name, "steps": list(steps) or [step_spec()]}
+
+
+def launch(
+    settings: Settings,
+    definition: Any = None,
+    args: Any = None,
+    *,
+    now: datetime = T0,
+    owner: str = "owner-1",
+    request_id: str | None = None,
+    concurrency_key: str | None = None,
+    on_conflict: claims.OnConflict = claims.OnConflict.REJECT,
+    dispatcher: Any = None,
+) -> str:
+    """``launching.launch`` with test defaults (no dispatcher: nothing is sent)."""
+    return launching.launch(
+        settings,
+        dispatcher,
+        workflow() if definition is None else definition,
+        args,
+        owner=owner,
+        request_id=request_id,
+        concurrency_key=concurrency_key,
+        on_conflict=on_conflict,
+        now=now,
+    )
+
+
+def counts(settings: Settings) -> dict[str, int]:
+    """Rows in the tables a launch writes."""
+    with session_scope(settings.database_url) as session:
+        return {
+            model.__tablename__: int(session.scalar(select(func.count()).select_from(model)) or 0)
+            for model in (Run, Step, RunEvent)
+        }
+
+
+def run_row(settings: Settings, run_id: str) -> Run:
+    with session_scope(settings.database_url) as session:
+        run = session.get(Run, run_id)
+        assert run is not None, run_id
+        session.expunge(run)
+        return run
+
+
+def steps_of(settings: Settings, run_id: str) -> list[Step]:
+    with session_scope(settings.database_url) as session:
+        rows = list(
+            session.scalars(select(Step).where(Step.run_id == run_id).order_by(Step.index)).all()
+        )
+        session.expunge_all()
+        return rows
+
+
+def events_of(settings: Settings, run_id: str) -> list[RunEvent]:
+    with session_scope(settings.database_url) as session:
+        rows = list(
+            session.scalars(
+                select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
+            ).all()
+        )
+        session.expunge_all()
+        return rows
+
+
+def snapshot(settings: Settings, run_id: str) -> dict[str, Any]:
+    """Every column of the run, its steps and its journal: to prove that nothing was written."""
+
+    def columns(row: Any) -> dict[str, Any]:
+        return {column.key: getattr(row, column.key) for column in row.__table__.columns}
+
+    return {
+        "run": columns(run_row(settings, run_id)),
+        "steps": [columns(step) for step in steps_of(settings, run_id)],
+        "events": [columns(event) for event in events_of(settings, run_id)],
+    }
+
+
+def force(settings: Settings, run_id: str, **values: Any) -> None:
+    """Test scaffolding only: write run columns directly, bypassing the guarded writers."""
+    with session_scope(settings.database_url) as session:
+        session.execute(update(Run).where(Run.id == run_id).values(**values))
+
+
+def force_step(settings: Settings, run_id: str, index: int, **values: Any) -> None:
+    """Test scaffolding only: write step columns directly, bypassing the guarded writers."""
+    with session_scope(settings.database_url) as session:
+        session.execute(
+            update(Step).where(Step.run_id == run_id, Step.index == index).values(**values)
+        )
+
+
+@dataclass
+class RecordingDispatcher:
+    """A :class:`orchestration.dispatch.Dispatcher` that records instead of sending."""
+
+    chains: list[ChainPlan] = field(default_factory=list)
+    revoked: list[tuple[list[str], bool]] = field(default_factory=list)
+
+    def send_chain(self, plan: ChainPlan) -> None:
+        self.chains.append(plan)
+
+    def revoke(self, task_ids: list[str], *, terminate: bool) -> None:
+        self.revoked.append((list(task_ids), terminate))
+
+
+@dataclass
+class Clock:
+    """A clock the test moves by hand."""
+
+    now: datetime
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now

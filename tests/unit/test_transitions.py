@@ -1,0 +1,495 @@
+"""The one writer of status, on a real SQLite database: compare-and-set plus the journal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import product
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from orchestration import claims
+from orchestration.closing import close_run
+from orchestration.db import session_scope, upgrade
+from orchestration.errors import IllegalTransition, RunNotFound
+from orchestration.models import Run, Step
+from orchestration.settings import Settings
+from orchestration.states import (
+    RUN_TERMINAL,
+    RUN_TRANSITIONS,
+    STEP_TERMINAL,
+    STEP_TRANSITIONS,
+    STOP_REASONS,
+    RunStatus,
+    StepStatus,
+    StopReason,
+)
+from orchestration.transitions import touch_run, touch_step, transition_run, transition_step
+from tests.unit.support import (
+    PROPERTY,
+    T0,
+    RecordingDispatcher,
+    events_of,
+    force,
+    force_step,
+    launch,
+    make_settings,
+    run_row,
+    s,
+    snapshot,
+    step_spec,
+    steps_of,
+    workflow,
+)
+
+T1 = T0 + s(5)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """One database for the table-driven tests below; each case launches its own run."""
+    built = make_settings(tmp_path_factory.mktemp("transitions"))
+    upgrade(built.database_url)
+    yield built
+
+
+def _reason(to: RunStatus) -> StopReason | None:
+    return sorted(STOP_REASONS[to])[0] if to in RUN_TERMINAL else None
+
+
+def _run_in(settings: Settings, status: RunStatus, steps: int = 1) -> str:
+    """A launched run set to ``status`` directly (scaffolding, not a transition under test)."""
+    run_id = launch(settings, workflow(*(step_spec(f"s{i}") for i in range(steps))))
+    if status is not RunStatus.QUEUED:
+        force(settings, run_id, status=status.value)
+    return run_id
+
+
+def _step(session: Session, run_id: str, index: int = 0) -> Step:
+    step = session.scalars(select(Step).where(Step.run_id == run_id, Step.index == index)).one()
+    return step
+
+
+# -- runs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "to"),
+    [(a, b) for a, b in product(RunStatus, RunStatus) if b in RUN_TRANSITIONS[a]],
+)
+def test_allowed_run_transition_journals_one_event(
+    shared: Settings, source: RunStatus, to: RunStatus
+) -> None:
+    run_id = _run_in(shared, source)
+    before = events_of(shared, run_id)
+    with session_scope(shared.database_url) as session:
+        left = transition_run(
+            session, run_id, to, cause="test move", now=T1, stop_reason=_reason(to)
+        )
+    assert left is source
+    row = run_row(shared, run_id)
+    assert row.status == to.value
+    assert row.updated_at == T1
+    new = events_of(shared, run_id)[len(before) :]
+    assert [(e.step_id, e.from_status, e.to_status, e.cause, e.at) for e in new] == [
+        (None, source.value, to.value, "test move", T1)
+    ]
+    if to in RUN_TERMINAL:
+        assert row.finished_at == T1
+        assert row.deadline_at is None
+        assert row.stop_reason == _reason(to)
+        assert new[0].stop_reason == _reason(to)
+    else:
+        assert row.finished_at is None
+        assert row.stop_reason is None
+    if to is RunStatus.RUNNING:
+        assert row.started_at is not None
+
+
+@pytest.mark.parametrize(
+    ("source", "to"),
+    [(a, b) for a, b in product(RunStatus, RunStatus) if b not in RUN_TRANSITIONS[a]],
+)
+def test_illegal_run_transition_raises_and_writes_nothing(
+    shared: Settings, source: RunStatus, to: RunStatus
+) -> None:
+    run_id = _run_in(shared, source)
+    before = snapshot(shared, run_id)
+    with (
+        pytest.raises(IllegalTransition) as caught,
+        session_scope(shared.database_url) as session,
+    ):
+        transition_run(session, run_id, to, cause="nope", now=T1, stop_reason=_reason(to))
+    assert (caught.value.current, caught.value.target) == (source.value, to.value)
+    assert snapshot(shared, run_id) == before
+
+
+def test_started_at_is_kept_when_a_run_resumes(settings: Settings) -> None:
+    run_id = launch(settings)
+    with session_scope(settings.database_url) as session:
+        transition_run(session, run_id, RunStatus.RUNNING, cause="start", now=T1)
+        transition_run(session, run_id, RunStatus.WAITING, cause="effects", now=T1 + s(1))
+        transition_run(session, run_id, RunStatus.RUNNING, cause="next step", now=T1 + s(2))
+    assert run_row(settings, run_id).started_at == T1
+
+
+def test_expect_narrows_the_allowed_sources(settings: Settings) -> None:
+    run_id = _run_in(settings, RunStatus.RUNNING)
+    before = snapshot(settings, run_id)
+    with pytest.raises(IllegalTransition), session_scope(settings.database_url) as session:
+        transition_run(
+            session, run_id, RunStatus.CANCELLING, cause="x", now=T1, expect=[RunStatus.PARKED]
+        )
+    assert snapshot(settings, run_id) == before
+
+
+def test_terminal_target_needs_a_matching_stop_reason(settings: Settings) -> None:
+    run_id = _run_in(settings, RunStatus.RUNNING)
+    before = snapshot(settings, run_id)
+    with pytest.raises(ValueError, match="stop_reason"):
+        with session_scope(settings.database_url) as session:
+            transition_run(
+                session,
+                run_id,
+                RunStatus.FAILED,
+                cause="x",
+                now=T1,
+                stop_reason=StopReason.COMPLETED,
+            )
+    with pytest.raises(ValueError, match="stop_reason"):
+        with session_scope(settings.database_url) as session:
+            transition_run(session, run_id, RunStatus.FAILED, cause="x", now=T1)
+    with pytest.raises(ValueError, match="terminal"):
+        with session_scope(settings.database_url) as session:
+            transition_run(
+                session,
+                run_id,
+                RunStatus.PARKED,
+                cause="x",
+                now=T1,
+                stop_reason=StopReason.PARK_EXPIRED,
+            )
+    assert snapshot(settings, run_id) == before
+
+
+def test_unknown_run_is_not_found(settings: Settings) -> None:
+    with pytest.raises(RunNotFound), session_scope(settings.database_url) as session:
+        transition_run(session, "no-such-run", RunStatus.RUNNING, cause="x", now=T1)
+
+
+_TARGETS = st.lists(st.sampled_from(sorted(RunStatus)), min_size=1, max_size=12)
+
+
+@PROPERTY
+@given(targets=_TARGETS)
+def test_a_terminal_run_is_final_whatever_comes_next(
+    settings: Settings, targets: list[RunStatus]
+) -> None:
+    run_id = launch(settings)
+    status = RunStatus.QUEUED
+    for number, to in enumerate(targets):
+        before = snapshot(settings, run_id)
+        now = T0 + s(number + 1)
+        allowed = to in RUN_TRANSITIONS[status]
+        try:
+            with session_scope(settings.database_url) as session:
+                transition_run(session, run_id, to, cause="step", now=now, stop_reason=_reason(to))
+        except IllegalTransition:
+            assert not allowed, f"{status} -> {to} is in the table but was refused"
+            assert snapshot(settings, run_id) == before
+            continue
+        assert allowed, f"{status} -> {to} is not in the table but was written"
+        assert status not in RUN_TERMINAL
+        status = to
+        after = snapshot(settings, run_id)
+        assert after["run"]["status"] == to.value
+        assert len(after["events"]) == len(before["events"]) + 1
+    if status in RUN_TERMINAL:
+        final = snapshot(settings, run_id)
+        for to in RunStatus:
+            with pytest.raises(IllegalTransition), session_scope(settings.database_url) as session:
+                transition_run(session, run_id, to, cause="late", now=T1, stop_reason=_reason(to))
+        assert snapshot(settings, run_id) == final
+
+
+# -- steps ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "to"),
+    [(a, b) for a, b in product(StepStatus, StepStatus)],
+)
+def test_step_transition_follows_the_table(
+    shared: Settings, source: StepStatus, to: StepStatus
+) -> None:
+    run_id = _run_in(shared, RunStatus.RUNNING)
+    force_step(shared, run_id, 0, status=source.value)
+    before = snapshot(shared, run_id)
+    if to not in STEP_TRANSITIONS[source]:
+        with pytest.raises(IllegalTransition), session_scope(shared.database_url) as session:
+            transition_step(session, _step(session, run_id), to, cause="nope", now=T1)
+        assert snapshot(shared, run_id) == before
+        return
+    with session_scope(shared.database_url) as session:
+        left = transition_step(session, _step(session, run_id), to, cause="move", now=T1)
+    assert left is source
+    step = steps_of(shared, run_id)[0]
+    assert step.status == to.value
+    new = events_of(shared, run_id)[len(before["events"]) :]
+    assert [(e.step_id, e.from_status, e.to_status, e.cause) for e in new] == [
+        ("s0", source.value, to.value, "move")
+    ]
+    assert (step.finished_at == T1) is (to in STEP_TERMINAL)
+
+
+# -- touch ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", sorted(RUN_TERMINAL))
+def test_touch_run_does_not_write_a_terminal_row(settings: Settings, status: RunStatus) -> None:
+    run_id = _run_in(settings, RunStatus.RUNNING)
+    with session_scope(settings.database_url) as session:
+        transition_run(
+            session, run_id, status, cause="end", now=T1, stop_reason=_reason(status)
+        )
+    before = snapshot(settings, run_id)
+    with session_scope(settings.database_url) as session:
+        assert touch_run(session, run_id, T1 + s(9), heartbeat_at=T1 + s(9), rearms=7) is False
+    assert snapshot(settings, run_id) == before
+
+
+def test_touch_run_writes_a_live_row_without_a_journal_entry(settings: Settings) -> None:
+    run_id = launch(settings)
+    before = events_of(settings, run_id)
+    with session_scope(settings.database_url) as session:
+        assert touch_run(session, run_id, T1, heartbeat_at=T1) is True
+    row = run_row(settings, run_id)
+    assert (row.heartbeat_at, row.updated_at, row.status) == (T1, T1, RunStatus.QUEUED.value)
+    assert len(events_of(settings, run_id)) == len(before)
+
+
+def test_touch_run_of_an_unknown_run_is_false(settings: Settings) -> None:
+    with session_scope(settings.database_url) as session:
+        assert touch_run(session, "no-such-run", T1, heartbeat_at=T1) is False
+
+
+def test_touch_step_does_not_write_a_terminal_step(settings: Settings) -> None:
+    run_id = launch(settings)
+    with session_scope(settings.database_url) as session:
+        transition_step(session, _step(session, run_id), StepStatus.SKIPPED, cause="x", now=T1)
+    before = snapshot(settings, run_id)
+    with session_scope(settings.database_url) as session:
+        assert touch_step(session, _step(session, run_id), T1, output={"late": True}) is False
+    assert snapshot(settings, run_id) == before
+
+
+# -- close_run -----------------------------------------------------------------------------
+
+_CLOSE_CASES: list[tuple[RunStatus, StopReason, StepStatus, StepStatus]] = [
+    # (run end, stop reason, end of the started step, end of the pending steps)
+    (RunStatus.FAILED, StopReason.STEP_FAILED, StepStatus.FAILED, StepStatus.SKIPPED),
+    (RunStatus.CANCELLED, StopReason.CANCEL_REQUESTED, StepStatus.CANCELLED, StepStatus.CANCELLED),
+    (RunStatus.TIMED_OUT, StopReason.STEP_TIMEOUT, StepStatus.TIMED_OUT, StepStatus.SKIPPED),
+    (RunStatus.INTERRUPTED, StopReason.HEARTBEAT_LOST, StepStatus.CANCELLED, StepStatus.SKIPPED),
+]
+
+
+@pytest.mark.parametrize(("to", "reason", "started_end", "pending_end"), _CLOSE_CASES)
+@pytest.mark.parametrize("started", [StepStatus.RUNNING, StepStatus.PARKED])
+def test_close_run_ends_every_live_step_in_one_go(
+    settings: Settings,
+    to: RunStatus,
+    reason: StopReason,
+    started_end: StepStatus,
+    pending_end: StepStatus,
+    started: StepStatus,
+) -> None:
+    run_id = _run_in(settings, RunStatus.RUNNING, steps=4)
+    force_step(settings, run_id, 0, status=StepStatus.COMPLETED.value)
+    force_step(settings, run_id, 1, status=started.value)
+    before = events_of(settings, run_id)
+    with session_scope(settings.database_url) as session:
+        left = close_run(
+            session,
+            settings,
+            run_id,
+            to,
+            stop_reason=reason,
+            cause="closing",
+            now=T1,
+            error="why",
+            step_error="step why",
+            dispatcher=None,
+        )
+    assert left is RunStatus.RUNNING
+    run = run_row(settings, run_id)
+    assert (run.status, run.stop_reason, run.error, run.finished_at) == (
+        to.value,
+        reason.value,
+        "why",
+        T1,
+    )
+    assert [step.status for step in steps_of(settings, run_id)] == [
+        StepStatus.COMPLETED.value,
+        started_end.value,
+        pending_end.value,
+        pending_end.value,
+    ]
+    new = events_of(settings, run_id)[len(before) :]
+    assert [(e.step_id, e.to_status) for e in new] == [
+        (None, to.value),
+        ("s1", started_end.value),
+        ("s2", pending_end.value),
+        ("s3", pending_end.value),
+    ]
+    assert {(e.at, e.cause) for e in new} == {(T1, "closing")}
+    assert steps_of(settings, run_id)[1].error == "step why"
+
+
+def test_close_run_is_one_transaction(settings: Settings) -> None:
+    """If any step cannot be ended, the run's own transition is rolled back with it."""
+    run_id = _run_in(settings, RunStatus.RUNNING, steps=2)
+    force_step(settings, run_id, 0, status=StepStatus.RUNNING.value)
+    before = snapshot(settings, run_id)
+    # ``completed`` ends unfinished steps as ``skipped``, which a running step cannot become.
+    with pytest.raises(IllegalTransition), session_scope(settings.database_url) as session:
+        close_run(
+            session,
+            settings,
+            run_id,
+            RunStatus.COMPLETED,
+            stop_reason=StopReason.COMPLETED,
+            cause="closing",
+            now=T1,
+            dispatcher=None,
+        )
+    assert snapshot(settings, run_id) == before
+
+
+def test_close_run_of_a_terminal_run_raises_and_writes_nothing(settings: Settings) -> None:
+    run_id = _run_in(settings, RunStatus.RUNNING)
+    with session_scope(settings.database_url) as session:
+        close_run(
+            session,
+            settings,
+            run_id,
+            RunStatus.FAILED,
+            stop_reason=StopReason.STEP_FAILED,
+            cause="first",
+            now=T1,
+            dispatcher=None,
+        )
+    before = snapshot(settings, run_id)
+    with pytest.raises(IllegalTransition), session_scope(settings.database_url) as session:
+        close_run(
+            session,
+            settings,
+            run_id,
+            RunStatus.CANCELLED,
+            stop_reason=StopReason.CANCEL_REQUESTED,
+            cause="second",
+            now=T1 + s(1),
+            dispatcher=None,
+        )
+    assert snapshot(settings, run_id) == before
+
+
+def test_close_run_passes_the_claim_to_the_next_queued_run(settings: Settings) -> None:
+    holder = launch(settings, concurrency_key="k")
+    waiting = launch(settings, concurrency_key="k", on_conflict=claims.OnConflict.ENQUEUE)
+    assert (run_row(settings, holder).claim, run_row(settings, waiting).claim) == (
+        claims.HOLDING,
+        claims.QUEUED,
+    )
+    dispatcher = RecordingDispatcher()
+    with session_scope(settings.database_url) as session:
+        close_run(
+            session,
+            settings,
+            holder,
+            RunStatus.FAILED,
+            stop_reason=StopReason.STEP_FAILED,
+            cause="done",
+            now=T1,
+            dispatcher=dispatcher,
+        )
+        assert dispatcher.chains == [], "the chain must not be sent before the commit"
+    assert run_row(settings, holder).claim is None
+    assert run_row(settings, waiting).claim == claims.HOLDING
+    assert [plan.run_id for plan in dispatcher.chains] == [waiting]
+
+
+# -- compare-and-set under a concurrent writer ----------------------------------------------
+
+
+class _Scalar:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def scalar(self) -> Any:
+        return self.value
+
+
+class _RacingSession:
+    """A session in which another writer changes the run's status right after the writer
+    under test has read it (the window a compare-and-set must close)."""
+
+    def __init__(self, session: Session, run_id: str, sneak_in: RunStatus) -> None:
+        self._session = session
+        self._run_id = run_id
+        self._sneak_in: RunStatus | None = sneak_in
+        self.reads = 0
+
+    def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._session.execute(statement, *args, **kwargs)
+        if statement.is_select:
+            self.reads += 1
+            value = result.scalar()
+            if self._sneak_in is not None:
+                self._session.execute(
+                    update(Run).where(Run.id == self._run_id).values(status=self._sneak_in.value)
+                )
+                self._sneak_in = None
+            return _Scalar(value)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+def test_a_stale_read_that_no_longer_allows_the_move_is_refused(settings: Settings) -> None:
+    run_id = _run_in(settings, RunStatus.RUNNING)
+    before = events_of(settings, run_id)
+    with pytest.raises(IllegalTransition) as caught:
+        with session_scope(settings.database_url) as session:
+            racing = _RacingSession(session, run_id, RunStatus.CANCELLING)
+            try:
+                transition_run(racing, run_id, RunStatus.PARKED, cause="park", now=T1)  # type: ignore[arg-type]
+            finally:
+                assert racing.reads == 2, "the lost compare-and-set must be re-read"
+    assert caught.value.current == RunStatus.CANCELLING.value
+    assert run_row(settings, run_id).status == RunStatus.RUNNING.value  # all rolled back
+    assert len(events_of(settings, run_id)) == len(before)
+
+
+def test_a_stale_read_is_journalled_from_the_status_really_left(settings: Settings) -> None:
+    run_id = _run_in(settings, RunStatus.RUNNING)
+    before = events_of(settings, run_id)
+    with session_scope(settings.database_url) as session:
+        racing = _RacingSession(session, run_id, RunStatus.WAITING)
+        left = transition_run(
+            racing,  # type: ignore[arg-type]
+            run_id,
+            RunStatus.COMPLETED,
+            cause="done",
+            now=T1,
+            stop_reason=StopReason.COMPLETED,
+        )
+    assert left is RunStatus.WAITING
+    new = events_of(settings, run_id)[len(before) :]
+    assert [(e.from_status, e.to_status) for e in new] == [("waiting", "completed")]
+
