@@ -34,9 +34,16 @@ out = Console()
 err = Console(stderr=True)
 
 _STATUS_STYLE = {
-    "completed": "green", "failed": "red", "cancelled": "yellow", "timed_out": "red",
-    "interrupted": "magenta", "running": "cyan", "waiting": "cyan", "parked": "blue",
-    "cancelling": "yellow", "queued": "white",
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "timed_out": "red",
+    "interrupted": "magenta",
+    "running": "cyan",
+    "waiting": "cyan",
+    "parked": "blue",
+    "cancelling": "yellow",
+    "queued": "white",
 }
 
 Owner = Annotated[
@@ -89,8 +96,12 @@ def _show(record: RunRecord) -> None:
     table = Table("step", "provider", "status", "attempt", "polls", "provider says", "output")
     for step in record.steps:
         table.add_row(
-            step.step_id, step.provider, _styled(step.status), str(step.attempt),
-            str(step.polls), step.last_provider_status or "-",
+            step.step_id,
+            step.provider,
+            _styled(step.status),
+            str(step.attempt),
+            str(step.polls),
+            step.last_provider_status or "-",
             json.dumps(step.output, ensure_ascii=False)[:60] if step.output is not None else "-",
         )
     out.print(table)
@@ -133,8 +144,12 @@ def launch(
     try:
         definition = load_file(file)
         record = _orchestrator().launch(
-            definition, _json_arg(args, "args"), owner=_owner(owner), request_id=request_id,
-            concurrency_key=concurrency_key, on_conflict=on_conflict,
+            definition,
+            _json_arg(args, "args"),
+            owner=_owner(owner),
+            request_id=request_id,
+            concurrency_key=concurrency_key,
+            on_conflict=on_conflict,
         )
         if wait:
             record = _wait(record, _owner(owner), quiet=as_json)
@@ -194,7 +209,10 @@ def runs(
     table = Table("run", "workflow", "status", "health", "created", "deadline_at")
     for record in records:
         table.add_row(
-            record.id, record.workflow_name, _styled(record.status), record.health,
+            record.id,
+            record.workflow_name,
+            _styled(record.status),
+            record.health,
             record.created_at.isoformat(timespec="seconds"),
             record.deadline_at.isoformat(timespec="seconds") if record.deadline_at else "-",
         )

@@ -74,7 +74,7 @@ def dispose_engines(*, after_fork: bool = False) -> None:
     _FACTORIES.clear()
 
 
-def after_commit(session: Session, action: Callable[[], None]) -> None:
+def after_commit(session: Session, action: Callable[[], object]) -> None:
     """Run ``action`` once ``session`` has committed (e.g. send a chain whose rows it wrote).
 
     If the process dies in between, the rows are durable and the sweeper does the sending.

@@ -43,8 +43,13 @@ def _table(records: list[RunRecord]) -> Table:
     for record in records:
         step = record.steps[min(record.current_step, len(record.steps) - 1)]
         table.add_row(
-            record.id[:12], record.workflow_name, record.status, step.step_id, step.status,
-            step.last_provider_status or "-", str(step.polls),
+            record.id[:12],
+            record.workflow_name,
+            record.status,
+            step.step_id,
+            step.status,
+            step.last_provider_status or "-",
+            str(step.polls),
         )
     return table
 

@@ -18,7 +18,7 @@ from fakeredis import TcpFakeServer
 from fakeredis._clients._tcp_server import TCPFakeRequestHandler
 
 
-class _Handler(TCPFakeRequestHandler):  # type: ignore[misc]
+class _Handler(TCPFakeRequestHandler):
     disable_nagle_algorithm = True
 
 
@@ -36,6 +36,8 @@ class EmbeddedBroker:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
+        if isinstance(host, bytes | bytearray):
+            host = host.decode()
         return f"redis://{host}:{port}/0"
 
     def start(self) -> EmbeddedBroker:

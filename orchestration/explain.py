@@ -79,11 +79,15 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
         why = "its first step has not started yet (waiting for a worker)"
         next_move = "a worker picks up the step task"
     else:
-        why = f"{where} is polling its provider turn (last status {step and step.last_provider_status!r})"
+        last = step.last_provider_status if step else None
+        why = f"{where} is polling its provider turn (last status {last!r})"
         next_move = f"the next poll at {_at(step.next_poll_at if step else None)}"
     if record.health == Health.STALLED and record.heartbeat_at is not None:
         dead_since = heartbeat_expiry(settings, record.heartbeat_at)
-        why += f"; STALLED: no heartbeat since {_at(record.heartbeat_at)} (dead since {_at(dead_since)})"
+        why += (
+            f"; STALLED: no heartbeat since {_at(record.heartbeat_at)} "
+            f"(dead since {_at(dead_since)})"
+        )
         next_move = (
             f"the sweeper (every {settings.sweep_interval:g}s) re-arms it "
             f"({record.rearms}/{settings.max_rearms} re-arms used) or closes it"

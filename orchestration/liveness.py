@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from kombu import Connection
+from kombu.connection import Connection
 from sqlalchemy import text
 
 from orchestration.db import get_engine, utcnow
@@ -37,7 +37,7 @@ def check(settings: Settings, now: datetime | None = None) -> dict[str, Any]:
     except Exception as exc:
         checks["database"] = {"ok": False, "detail": f"unreachable: {type(exc).__name__}"}
     try:
-        with Connection(settings.broker_url, connect_timeout=3) as connection:
+        with Connection(settings.broker_url, connect_timeout=3) as connection:  # type: ignore[no-untyped-call]
             connection.ensure_connection(max_retries=1, timeout=3)
         checks["broker"] = {"ok": True, "detail": "reachable"}
     except Exception as exc:

@@ -6,6 +6,7 @@ children; stop order is beat, workers, then the broker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,8 +24,12 @@ class ManagedProcess:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            argv, env=dict(env), stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            argv,
+            env=dict(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     @property
@@ -47,19 +52,15 @@ class ManagedProcess:
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the whole process group (the main process and its children)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signum)
-        except ProcessLookupError:
-            pass
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (Celery's warm shutdown), then SIGKILL the group if it lingers."""
         if self.proc.poll() is None:
             self.signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         self.signal(signal.SIGKILL)
         if self.proc.poll() is None:
             self.proc.wait(10)
@@ -81,8 +82,19 @@ def start_worker(
     """A prefork worker; mingle and gossip are off (they only slow start-up here)."""
     return ManagedProcess(
         celery_argv(
-            "worker", "-P", "prefork", "-c", str(concurrency), "-n", f"{name}@%h",
-            "--without-mingle", "--without-gossip", "-E", "-l", "INFO", *extra,
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "-E",
+            "-l",
+            "INFO",
+            *extra,
         ),
         env,
         log_path,
@@ -91,6 +103,4 @@ def start_worker(
 
 def start_beat(env: Mapping[str, str], log_path: Path, schedule: Path) -> ManagedProcess:
     """Celery beat with its schedule file at ``schedule``."""
-    return ManagedProcess(
-        celery_argv("beat", "-l", "INFO", "-s", str(schedule)), env, log_path
-    )
+    return ManagedProcess(celery_argv("beat", "-l", "INFO", "-s", str(schedule)), env, log_path)

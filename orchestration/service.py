@@ -10,6 +10,7 @@ Every call takes the owner; another owner's run is reported as not found (invari
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -66,7 +67,7 @@ class Orchestrator:
         status: str | None = None,
         limit: int = 50,
         before: datetime | None = None,
-    ) -> list[RunRecord]:
+    ) -> builtins.list[RunRecord]:
         """The owner's runs, newest first; ``before`` (a ``created_at``) pages back."""
         if status is not None and status not in {s.value for s in RunStatus}:
             raise ValidationError(
@@ -89,7 +90,7 @@ class Orchestrator:
 
         return explain(self.settings, self.get(run_id, owner=owner), self.clock())
 
-    def events(self, run_id: str, *, owner: str) -> list[dict[str, Any]]:
+    def events(self, run_id: str, *, owner: str) -> builtins.list[dict[str, Any]]:
         """The run's journal, oldest first."""
         with session_scope(self.settings.database_url) as session:
             self._owned(session, run_id, owner)
@@ -151,17 +152,19 @@ class Orchestrator:
         it at its next execution, and the sweeper enforces it after ``ORCH_CANCEL_GRACE``."""
         with session_scope(self.settings.database_url) as session:
             self._owned(session, run_id, owner)
-        if cancellation.request(self.settings, run_id, now=self.clock(), by=f"owner {owner}"):
-            if not graceful:
-                cancellation.finish(
-                    self.settings,
-                    self.dispatcher,
-                    run_id,
-                    now=self.clock(),
-                    stop_reason=StopReason.CANCEL_REQUESTED,
-                    cause="cancelled by the caller",
-                    revoke=True,
-                )
+        requested = cancellation.request(
+            self.settings, run_id, now=self.clock(), by=f"owner {owner}"
+        )
+        if requested and not graceful:
+            cancellation.finish(
+                self.settings,
+                self.dispatcher,
+                run_id,
+                now=self.clock(),
+                stop_reason=StopReason.CANCEL_REQUESTED,
+                cause="cancelled by the caller",
+                revoke=True,
+            )
         return self.get(run_id, owner=owner)
 
     def answer(self, run_id: str, step_id: str, value: Any, *, owner: str) -> RunRecord:

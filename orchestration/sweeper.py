@@ -123,16 +123,16 @@ class Sweeper:
                 )
                 return "interrupted"
             return "rearmed" if self._rearm(run, now) else None
-        if run.deadline_at is not None and now > run.deadline_at:
-            if health.derive(self.settings, run, now) is Health.STALLED:
-                self._close(
-                    run,
-                    now,
-                    RunStatus.TIMED_OUT,
-                    StopReason.DEADLINE_EXCEEDED,
-                    "run passed its deadline_at with nothing able to move it (sweeper)",
-                )
-                return "deadlines_exceeded"
+        past_deadline = run.deadline_at is not None and now > run.deadline_at
+        if past_deadline and health.derive(self.settings, run, now) is Health.STALLED:
+            self._close(
+                run,
+                now,
+                RunStatus.TIMED_OUT,
+                StopReason.DEADLINE_EXCEEDED,
+                "run passed its deadline_at with nothing able to move it (sweeper)",
+            )
+            return "deadlines_exceeded"
         return None
 
     def _close(

@@ -118,7 +118,8 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
         if size > settings.max_task_bytes:
             raise LimitExceeded(
                 f"{where}.task",
-                f"{size} bytes is over the limit of {settings.max_task_bytes} (ORCH_MAX_TASK_BYTES)",
+                f"{size} bytes is over the limit of {settings.max_task_bytes} "
+                "(ORCH_MAX_TASK_BYTES)",
             )
         templating.check(step.task, f"{where}.task", args=args, earlier_steps=earlier)
         _check_bounds(step, where, settings)

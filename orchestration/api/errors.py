@@ -106,6 +106,11 @@ async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
     field = _field(first.get("loc", ("body",)))
     message = f"{field}: {first.get('msg', 'invalid')}"
+    if first.get("type") == "json_invalid":
+        field = "body"
+        message = f"body: not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"
+    elif field == "body":
+        message += " (send a JSON object with Content-Type: application/json)"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more)"
     return JSONResponse(error_body("validation_error", message, field), status_code=400)

@@ -87,8 +87,11 @@ class Stack:
 
     def start_worker(self, name: str = "w", concurrency: int = 2) -> ManagedProcess:
         worker = start_worker(
-            self.env, self.folder / f"{name}.log", concurrency=concurrency,
-            name=f"{name}-{self.settings.queue}", extra=("-Q", self.settings.queue),
+            self.env,
+            self.folder / f"{name}.log",
+            concurrency=concurrency,
+            name=f"{name}-{self.settings.queue}",
+            extra=("-Q", self.settings.queue),
         )
         self.processes.append(worker)
         worker.wait_for_log("ready.", timeout=60)
@@ -96,7 +99,8 @@ class Stack:
 
     def start_beat(self) -> ManagedProcess:
         beat = start_beat(
-            self.env, self.folder / f"beat-{len(self.processes)}.log",
+            self.env,
+            self.folder / f"beat-{len(self.processes)}.log",
             self.folder / f"beat-schedule-{len(self.processes)}",
         )
         self.processes.append(beat)

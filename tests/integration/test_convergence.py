@@ -30,17 +30,26 @@ def one_step(states: list[list[Any]], **extra: Any) -> dict[str, Any]:
     options = {"states": states, **extra.pop("with", {})}
     return {
         "name": extra.pop("name", "conv"),
-        "steps": [{
-            "id": "s1", "provider": "scripted", "task": "go", "poll_interval": 0.2,
-            "max_poll_interval": 1.0, "with": options, **extra,
-        }],
+        "steps": [
+            {
+                "id": "s1",
+                "provider": "scripted",
+                "task": "go",
+                "poll_interval": 0.2,
+                "max_poll_interval": 1.0,
+                "with": options,
+                **extra,
+            }
+        ],
     }
 
 
 def terminal(orch: Orchestrator, run_id: str, owner: str, timeout: float = 40) -> RunRecord:
     record: RunRecord = wait_for(
         lambda: (r := orch.get(run_id, owner=owner)) and is_terminal(r) and r,
-        timeout, interval=0.1, what=f"run {run_id} terminal",
+        timeout,
+        interval=0.1,
+        what=f"run {run_id} terminal",
     )
     return record
 
@@ -75,7 +84,10 @@ def kill(process: ManagedProcess) -> None:
 
 
 def test_worker_killed_while_step_waits_on_countdown_is_rearmed(
-    stack: Stack, beat: ManagedProcess, orch: Orchestrator, owner: str,
+    stack: Stack,
+    beat: ManagedProcess,
+    orch: Orchestrator,
+    owner: str,
     workers: list[ManagedProcess],
 ) -> None:
     workers.append(stack.start_worker("doomed"))
@@ -98,7 +110,10 @@ def test_worker_killed_while_step_waits_on_countdown_is_rearmed(
 
 
 def test_graceful_cancel_with_a_dead_worker_is_enforced(
-    stack: Stack, beat: ManagedProcess, orch: Orchestrator, owner: str,
+    stack: Stack,
+    beat: ManagedProcess,
+    orch: Orchestrator,
+    owner: str,
     workers: list[ManagedProcess],
 ) -> None:
     workers.append(stack.start_worker("doomed2"))
@@ -159,8 +174,10 @@ def test_rate_limit_park_resumes_when_reset_passes(
     stack: Stack, worker: ManagedProcess, orch: Orchestrator, owner: str
 ) -> None:
     run = orch.launch(
-        one_step([["running", 0.2], ["rate_limited", 1.5], ["completed"]],
-                 **{"with": {"reset_after": 1.5}}),
+        one_step(
+            [["running", 0.2], ["rate_limited", 1.5], ["completed"]],
+            **{"with": {"reset_after": 1.5}},
+        ),
         owner=owner,
     )
     parked = wait_for(
@@ -222,7 +239,11 @@ def test_claim_taken_over_from_a_dead_holder(
 
 @pytest.mark.parametrize("ending", ["cancelled", "failed", "swept"])
 def test_enqueued_run_starts_when_its_holder_ends(
-    stack: Stack, worker: ManagedProcess, beat: ManagedProcess, orch: Orchestrator, owner: str,
+    stack: Stack,
+    worker: ManagedProcess,
+    beat: ManagedProcess,
+    orch: Orchestrator,
+    owner: str,
     ending: str,
 ) -> None:
     states = {
@@ -240,8 +261,10 @@ def test_enqueued_run_starts_when_its_holder_ends(
         orch.cancel(holder.id, owner=owner)
     done = terminal(orch, queued.id, owner)
     assert done.status == "completed"
-    assert orch.get(holder.id, owner=owner).status == {
-        "cancelled": "cancelled", "failed": "failed", "swept": "timed_out"}[ending]
+    assert (
+        orch.get(holder.id, owner=owner).status
+        == {"cancelled": "cancelled", "failed": "failed", "swept": "timed_out"}[ending]
+    )
 
 
 def test_reject_and_interrupt_policies(

@@ -29,15 +29,21 @@ def flow(*steps: dict[str, Any], name: str = "t") -> dict[str, Any]:
 def step(states: list[list[Any]], **extra: Any) -> dict[str, Any]:
     options = {"states": states, **extra.pop("with", {})}
     return {
-        "id": extra.pop("id", "s1"), "provider": "scripted", "task": extra.pop("task", "go"),
-        "poll_interval": 0.1, "max_poll_interval": 0.5, "with": options, **extra,
+        "id": extra.pop("id", "s1"),
+        "provider": "scripted",
+        "task": extra.pop("task", "go"),
+        "poll_interval": 0.1,
+        "max_poll_interval": 0.5,
+        "with": options,
+        **extra,
     }
 
 
 def finished(orch: Orchestrator, run_id: str, owner: str, timeout: float = 30) -> Any:
     return wait_for(
         lambda: (r := orch.get(run_id, owner=owner)) and is_terminal(r) and r,
-        timeout, what=f"run {run_id} terminal",
+        timeout,
+        what=f"run {run_id} terminal",
     )
 
 
@@ -62,8 +68,11 @@ def test_outputs_pass_to_later_steps_through_the_database(
     run = orch.launch(
         flow(
             step([["completed"]], id="a", **{"with": {"output": {"n": 41}}}),
-            step([["completed"]], id="b", task={"prev": "{{ steps.a.output.n }}",
-                                                 "q": "ask {{ args.q }}"}),
+            step(
+                [["completed"]],
+                id="b",
+                task={"prev": "{{ steps.a.output.n }}", "q": "ask {{ args.q }}"},
+            ),
         ),
         {"q": "why"},
         owner=owner,
@@ -127,7 +136,8 @@ def test_cancel_during_a_poll_kills_the_prefork_process(
     run = orch.launch(flow(step([["running"]], **{"with": {"poll_delay": 2.5}})), owner=owner)
     record = wait_for(
         lambda: (r := orch.get(run.id, owner=owner)).steps[0].polls >= 2 and r,
-        15, what="a poll in flight",
+        15,
+        what="a poll in flight",
     )
     pid = record.steps[0].worker_pid
     assert pid is not None and pid != worker.pid
@@ -198,9 +208,9 @@ def test_duplicate_delivery_starts_one_turn(
     assert all(turn["start_calls"] == 1 for turn in turns), turns
     with session_scope(stack.settings.database_url) as session:
         completions = session.scalar(
-            select(func.count()).select_from(RunEvent).where(
-                RunEvent.run_id == run.id, RunEvent.to_status == "completed"
-            )
+            select(func.count())
+            .select_from(RunEvent)
+            .where(RunEvent.run_id == run.id, RunEvent.to_status == "completed")
         )
     assert completions == 3  # two steps and the run, each once
 
@@ -224,20 +234,26 @@ def test_same_request_id_gives_one_run_and_conflicts_are_errors(
         ({"name": "x", "steps": [{"id": "bad id", "provider": "scripted"}]}, {}, "steps[0].id"),
         ({"name": "x", "steps": [{"id": "a", "provider": "nope"}]}, {}, "steps[0].provider"),
         (
-            {"name": "x", "steps": [{"id": "a", "provider": "scripted"},
-                                    {"id": "a", "provider": "scripted"}]},
+            {
+                "name": "x",
+                "steps": [{"id": "a", "provider": "scripted"}, {"id": "a", "provider": "scripted"}],
+            },
             {},
             "steps",
         ),
         (
-            {"name": "x", "steps": [{"id": "a", "provider": "scripted",
-                                     "with": {"states": [["flying"]]}}]},
+            {
+                "name": "x",
+                "steps": [{"id": "a", "provider": "scripted", "with": {"states": [["flying"]]}}],
+            },
             {},
             "steps[0].with.states[0]",
         ),
         (
-            {"name": "x", "steps": [{"id": "a", "provider": "scripted",
-                                     "task": "{{ args.missing }}"}]},
+            {
+                "name": "x",
+                "steps": [{"id": "a", "provider": "scripted", "task": "{{ args.missing }}"}],
+            },
             {},
             "steps[0].task",
         ),
@@ -253,8 +269,12 @@ def test_malformed_input_is_a_clear_error_and_writes_nothing(
     assert caught.value.field == field
     with session_scope(stack.settings.database_url) as session:
         assert session.scalar(select(func.count()).select_from(Run).where(Run.owner == owner)) == 0
-        assert session.scalar(select(func.count()).select_from(Step).join(Run).where(
-            Run.owner == owner)) == 0
+        assert (
+            session.scalar(
+                select(func.count()).select_from(Step).join(Run).where(Run.owner == owner)
+            )
+            == 0
+        )
 
 
 def test_one_owner_cannot_read_or_cancel_anothers_run(

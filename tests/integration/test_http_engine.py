@@ -178,6 +178,7 @@ def test_secret_header_never_appears_in_the_record_or_events(
     service.token = "another-token"
     refused = orch.launch(flow(service, headers=auth), owner=owner)
     failed = finished(orch, refused.id, owner)
+    print("DEBUG", failed.model_dump_json(indent=1), orch.events(refused.id, owner=owner), worker.log()[-6000:])
     assert (failed.status, failed.stop_reason) == ("failed", "step_failed")
     assert "401" in (failed.error or "") and "bad credentials" in (failed.error or "")
     assert "Bearer ***" in (failed.error or ""), failed.error

@@ -1,0 +1,32 @@
+# Developer entry points. The README's two commands need nothing but Python; these are
+# shortcuts for the same things and for the long runs kept out of the default suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install demo test lint chaos bench ci
+
+$(VENV)/bin/orchestration:
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test]'
+
+install: $(VENV)/bin/orchestration
+
+demo: install
+	$(VENV)/bin/orchestration demo
+
+test: install
+	$(VENV)/bin/pytest
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+chaos: install
+	$(PY) -m chaos --runs 300 --report chaos-report.json
+
+bench: install
+	$(PY) -m bench --report bench-results/report.json
+
+ci:
+	bash .ci/run
