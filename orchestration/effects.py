@@ -158,7 +158,10 @@ def _attempt(
             values: dict[str, Any] = {"status": EffectStatus.DONE.value, "last_error": None}
         else:
             exhausted = attempts + 1 >= settings.effect_attempts
-            backoff = settings.effect_backoff * (2**attempts)
+            # Capped so a waiting run's next stamp never outlasts the heartbeat timeout.
+            backoff = min(
+                settings.effect_backoff * (2 ** min(attempts, 30)), settings.max_poll_interval_limit
+            )
             values = {
                 "status": (EffectStatus.EXHAUSTED if exhausted else EffectStatus.PENDING).value,
                 "last_error": error,

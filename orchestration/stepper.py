@@ -98,10 +98,14 @@ class Stepper:
         self.clock = clock
         self.worker = worker
         self.pid = pid
+        #: The tick this process's current execution fenced (``None`` before the fence): a
+        #: task that retries after a database error carries it, so it still owns the step.
+        self.fenced_tick: int | None = None
 
     # -- entry -----------------------------------------------------------------------------
     def advance(self, run_id: str, index: int, tick: int) -> Outcome:
         """One execution of step ``index`` of ``run_id`` holding fencing token ``tick``."""
+        self.fenced_tick = None
         now = self.clock()
         with session_scope(self.settings.database_url) as session:
             run = session.get(Run, run_id)
@@ -124,6 +128,7 @@ class Stepper:
                 self._stamp(session, run, step, now)
             phase = _phase(session, run, step)
         tick += 1
+        self.fenced_tick = tick
         if cancel_requested:
             return self._honour_cancel(run_id)
         if phase == "human":
@@ -139,7 +144,7 @@ class Stepper:
         now = self.clock()
         try:
             with session_scope(self.settings.database_url) as session:
-                run, step = self._lock(session, run_id, index, now, _STARTABLE)
+                run, step = self._lock(session, run_id, index, tick, now, _STARTABLE)
                 spec = _spec(run, index)
                 if step.provider_run_id is not None:
                     return Poll(spec.poll_interval, tick)
@@ -208,7 +213,7 @@ class Stepper:
         except RetryableProviderError as exc:
             with session_scope(self.settings.database_url) as session:
                 try:
-                    self._lock(session, run_id, index, self.clock(), _STARTABLE)
+                    self._lock(session, run_id, index, tick, self.clock(), _STARTABLE)
                 except _Cancelled:
                     return self._after_refusal(run_id)
                 return self._outage(session, run_id, index, tick, str(exc), self.clock())
@@ -217,7 +222,7 @@ class Stepper:
         now = self.clock()
         try:
             with session_scope(self.settings.database_url) as session:
-                run, step = self._lock(session, run_id, index, now, _STARTABLE)
+                run, step = self._lock(session, run_id, index, tick, now, _STARTABLE)
                 touch_step(session, step, now, last_provider_status=observed.raw[:200])
                 outcome = self._observe(session, run, step, observed, tick, now)
         except _Cancelled:
@@ -289,7 +294,7 @@ class Stepper:
         now = self.clock()
         try:
             with session_scope(self.settings.database_url) as session:
-                run, step = self._lock(session, run_id, index, now, [RunStatus.WAITING.value])
+                run, step = self._lock(session, run_id, index, tick, now, [RunStatus.WAITING.value])
                 if progress.exhausted and self.settings.effect_policy == "fail":
                     close_run(
                         session,
@@ -343,10 +348,18 @@ class Stepper:
 
     # -- helpers ---------------------------------------------------------------------------
     def _lock(
-        self, session: Session, run_id: str, index: int, now: datetime, statuses: list[str]
+        self,
+        session: Session,
+        run_id: str,
+        index: int,
+        tick: int,
+        now: datetime,
+        statuses: list[str],
     ) -> tuple[Run, Step]:
-        """Lock the run row for this write, only while it is in ``statuses`` with no cancel
-        requested; raise :class:`_Cancelled` otherwise."""
+        """Lock the run row for this execution's write, only while the run is in ``statuses``
+        with no cancel requested, the step is live, and no newer execution has fenced the step
+        since (a worker woken from SIGSTOP must not write over its successor); raise
+        :class:`_Cancelled` otherwise."""
         locked = session.execute(
             update(Run)
             .where(
@@ -361,7 +374,7 @@ class Stepper:
         run = session.get(Run, run_id, populate_existing=True)
         step = _step(session, run_id, index, refresh=True)
         assert run is not None and step is not None
-        if step.status in STEP_TERMINAL:
+        if step.status in STEP_TERMINAL or step.polls != tick:
             raise _Cancelled
         return run, step
 

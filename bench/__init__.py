@@ -1,0 +1,1 @@
+"""Benchmarks kept out of the default suite (``make bench``)."""
