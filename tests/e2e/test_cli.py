@@ -1,0 +1,126 @@
+"""The installed ``orchestration`` command, run as a user runs it, against a real worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestration.processes import ManagedProcess
+from tests.conftest import wait_for
+from tests.integration.conftest import Stack
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES = Path(__file__).parents[2] / "orchestration" / "examples"
+#: The console script installed beside this interpreter (the venv the tests run in).
+CLI = str(Path(sys.executable).parent / "orchestration")
+
+
+def cli(stack: Stack, *args: str, owner: str = "cli-user") -> subprocess.CompletedProcess[str]:
+    env = {**stack.env, "ORCH_OWNER": owner}
+    return subprocess.run(
+        [CLI, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> Any:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_launch_wait_show_runs(stack: Stack, worker: ManagedProcess, tmp_path: Path) -> None:
+    launched = as_json(
+        cli(
+            stack,
+            "launch",
+            str(EXAMPLES / "research.yaml"),
+            "--args",
+            '{"topic": "tides"}',
+            "--request-id",
+            "cli-1",
+            "--wait",
+            "--json",
+        )
+    )
+    assert launched["status"] == "completed"
+    assert launched["result"] == "Three facts, summarized."
+    assert launched["steps"][0]["last_provider_status"] == "idle"
+    assert set(launched) >= {"id", "owner", "request_id", "deadline_at", "task_ids", "health"}
+    again = as_json(
+        cli(
+            stack,
+            "launch",
+            str(EXAMPLES / "research.yaml"),
+            "--args",
+            '{"topic": "tides"}',
+            "--request-id",
+            "cli-1",
+            "--json",
+        )
+    )
+    assert again["id"] == launched["id"]
+    shown = as_json(cli(stack, "show", launched["id"], "--json"))
+    assert shown["id"] == launched["id"] and len(shown["steps"]) == 2
+    listed = as_json(cli(stack, "runs", "--status", "completed", "--json"))
+    assert [run["id"] for run in listed] == [launched["id"]]
+    human = cli(stack, "show", launched["id"])
+    assert human.returncode == 0 and "completed" in human.stdout and "research" in human.stdout
+
+
+def test_cancel_and_explain(stack: Stack, worker: ManagedProcess) -> None:
+    run = as_json(cli(stack, "launch", str(EXAMPLES / "endless.yaml"), "--json", owner="c2"))
+    wait_for(
+        lambda: (
+            as_json(cli(stack, "show", run["id"], "--json", owner="c2"))["steps"][0]["polls"] >= 2
+        ),
+        30,
+    )
+    explained = cli(stack, "explain", run["id"], owner="c2")
+    assert explained.returncode == 0 and "polling its provider turn" in explained.stdout
+    started = time.perf_counter()
+    cancelled = as_json(cli(stack, "cancel", run["id"], "--json", owner="c2"))
+    assert time.perf_counter() - started < 30
+    assert (cancelled["status"], cancelled["stop_reason"]) == ("cancelled", "cancel_requested")
+    ended = as_json(cli(stack, "explain", run["id"], "--json", owner="c2"))
+    assert ended["health"] == "ended" and "terminal is final" in ended["next"]
+
+
+def test_errors_go_to_stderr_without_traceback(stack: Stack, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsteps:\n  - id: 'a b'\n    provider: scripted\n")
+    result = cli(stack, "launch", str(bad))
+    assert result.returncode == 2
+    assert "steps[0].id" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+    as_json_error = cli(stack, "launch", str(bad), "--json")
+    body = json.loads(as_json_error.stderr)
+    assert body["error"]["code"] == "validation_error" and body["error"]["field"] == "steps[0].id"
+    missing = cli(stack, "show", "no-such-run")
+    assert missing.returncode == 2 and "no run" in missing.stderr
+    not_json = cli(stack, "launch", str(EXAMPLES / "research.yaml"), "--args", "{oops")
+    assert not_json.returncode == 2 and "args" in not_json.stderr
+    nofile = cli(stack, "launch", str(tmp_path / "nope.yaml"))
+    assert nofile.returncode == 2 and "cannot read" in nofile.stderr
+
+
+def test_another_owner_cannot_see_or_cancel(stack: Stack, worker: ManagedProcess) -> None:
+    run = as_json(cli(stack, "launch", str(EXAMPLES / "endless.yaml"), "--json", owner="alice"))
+    assert cli(stack, "show", run["id"], owner="mallory").returncode == 2
+    assert cli(stack, "cancel", run["id"], owner="mallory").returncode == 2
+    assert as_json(cli(stack, "runs", "--json", owner="mallory")) == []
+    assert as_json(cli(stack, "cancel", run["id"], "--json", owner="alice"))["status"] == (
+        "cancelled"
+    )
+
+
+def test_sweep_and_health(stack: Stack) -> None:
+    report = as_json(cli(stack, "sweep", "--json"))
+    assert {"live", "rearmed", "seconds"} <= set(report)
+    health = cli(stack, "health", "--json")
+    assert json.loads(health.stdout)["checks"]["sweeper"]["ok"] is True
