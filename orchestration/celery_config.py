@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import Celery
+
 from orchestration.settings import Settings
 
 #: Task names, one namespace. ``tasks/`` registers bodies under exactly these names.
@@ -14,7 +16,7 @@ SWEEP_TASK = "orchestration.sweeper.sweep"
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Settings a reliability engineer would sign (see ``docs/configuration.md``)."""
-    return {
+    config: dict[str, Any] = {
         "broker_url": settings.broker_url,
         # JSON only: a pickle message is refused by the worker.
         "task_serializer": "json",
@@ -47,3 +49,24 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "timezone": "UTC",
         "worker_hijack_root_logger": False,
     }
+    if settings.security_key:
+        # Signed messages: tasks are serialized with Celery's ``auth`` serializer (JSON inside,
+        # signed with the key) and only signed messages are accepted.
+        config.update(
+            task_serializer="auth",
+            accept_content=["auth"],
+            security_key=settings.security_key,
+            security_certificate=settings.security_certificate,
+            security_cert_store=settings.security_cert_store,
+            security_digest="sha256",
+        )
+    return config
+
+
+def configure(app: Celery, settings: Settings) -> Celery:
+    """Apply :func:`celery_config` to ``app`` and, when signing is on, register the signing
+    serializer (``setup_security`` also disables every insecure serializer)."""
+    app.conf.update(celery_config(settings))
+    if settings.security_key:
+        app.setup_security(serializer="json")
+    return app

@@ -62,6 +62,8 @@ def close_run(
         select(Step)
         .where(Step.run_id == run_id, Step.status.in_([s.value for s in STEP_LIVE]))
         .order_by(Step.index)
+        # Transitions write SQL directly; objects already in this session may be stale.
+        .execution_options(populate_existing=True)
     ).all()
     for step in live_steps:
         if step.status == StepStatus.PENDING:

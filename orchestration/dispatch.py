@@ -14,7 +14,7 @@ from typing import Protocol
 
 from celery import Celery, chain
 
-from orchestration.celery_config import STEP_TASK, celery_config
+from orchestration.celery_config import STEP_TASK, configure
 from orchestration.settings import Settings
 
 
@@ -92,9 +92,7 @@ class CeleryDispatcher:
 
 @lru_cache(maxsize=4)
 def _client_app(settings: Settings) -> Celery:
-    app = Celery("orchestration-client", set_as_current=False)
-    app.conf.update(celery_config(settings))
-    return app
+    return configure(Celery("orchestration-client", set_as_current=False), settings)
 
 
 def client_dispatcher(settings: Settings) -> CeleryDispatcher:

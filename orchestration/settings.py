@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     #: How ``cancel`` kills an executing step task (prefork): SIGKILL cannot be caught.
     revoke_signal: str = "SIGKILL"
 
+    #: Optional Celery message signing (all three or none): the private key file, its
+    #: certificate file, and the folder of trusted certificates. Needs ``cryptography``.
+    security_key: str | None = None
+    security_certificate: str | None = None
+    security_cert_store: str | None = None
+
     #: Storage of the scripted provider's turns; defaults beside the database (see
     #: :func:`orchestration.providers.scripted.store_url`).
     scripted_url: str | None = None
@@ -87,6 +93,12 @@ class Settings(BaseSettings):
                 f"ORCH_HEARTBEAT_TIMEOUT ({self.heartbeat_timeout}s) must exceed "
                 f"ORCH_MAX_POLL_INTERVAL_LIMIT + ORCH_PROVIDER_TIMEOUT + {MARGIN_SECONDS}s "
                 f"({live_gap}s): a live step stamps its heartbeat at least that often"
+            )
+        signing = [self.security_key, self.security_certificate, self.security_cert_store]
+        if any(signing) and not all(signing):
+            raise ValueError(
+                "message signing needs all of ORCH_SECURITY_KEY, ORCH_SECURITY_CERTIFICATE "
+                "and ORCH_SECURITY_CERT_STORE"
             )
         if self.visibility_timeout <= 2 * self.heartbeat_timeout:
             raise ValueError(

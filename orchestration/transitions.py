@@ -72,6 +72,9 @@ def transition_run(
             stop_reason=stop_reason.value if stop_reason else None,
             finished_at=now,
             deadline_at=None,
+            park_reason=None,
+            parked_since=None,
+            waiting_until=None,
         )
     if to is RunStatus.RUNNING:
         row_values.setdefault("started_at", func.coalesce(Run.started_at, now))

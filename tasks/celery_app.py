@@ -9,13 +9,12 @@ from celery import Celery
 from celery.signals import worker_process_init
 
 from beat_schedule import beat_schedule
-from orchestration.celery_config import celery_config
+from orchestration.celery_config import configure
 from orchestration.db import dispose_engines
 from orchestration.settings import get_settings
 
 settings = get_settings()
-app = Celery("orchestration")
-app.conf.update(celery_config(settings))
+app = configure(Celery("orchestration"), settings)
 app.conf.beat_schedule = beat_schedule(settings)
 app.conf.include = ["tasks.steps", "tasks.sweeper"]
 

@@ -54,30 +54,38 @@ def service() -> Iterator[AgentService]:
 def flow(service: AgentService, task: Any = "hello", **options: Any) -> dict[str, Any]:
     return {
         "name": "http",
-        "steps": [{
-            "id": "s1", "provider": "http", "task": task, "timeout": 60,
-            "poll_interval": 0.2, "max_poll_interval": 1.0,
-            "with": {
-                "start": {"url": f"{service.url}/runs", "body": {"task": "{task}"}},
-                "status": {"url": f"{service.url}/runs/{{run_id}}"},
-                "cancel": {"url": f"{service.url}/runs/{{run_id}}/cancel"},
-                "run_id_path": "data.id",
-                "status_path": "state",
-                "output_path": "result",
-                "error_path": "failure.message",
-                "prompt_path": "question",
-                "status_map": STATUS_MAP,
-                **options,
-            },
-        }],
+        "steps": [
+            {
+                "id": "s1",
+                "provider": "http",
+                "task": task,
+                "timeout": 60,
+                "poll_interval": 0.2,
+                "max_poll_interval": 1.0,
+                "with": {
+                    "start": {"url": f"{service.url}/runs", "body": {"task": "{task}"}},
+                    "status": {"url": f"{service.url}/runs/{{run_id}}"},
+                    "cancel": {"url": f"{service.url}/runs/{{run_id}}/cancel"},
+                    "run_id_path": "data.id",
+                    "status_path": "state",
+                    "output_path": "result",
+                    "error_path": "failure.message",
+                    "prompt_path": "question",
+                    "status_map": STATUS_MAP,
+                    **options,
+                },
+            }
+        ],
     }
 
 
 def finished(orch: Orchestrator, run_id: str, owner: str, timeout: float = 30) -> RunRecord:
-    return wait_for(
+    record: RunRecord = wait_for(
         lambda: (r := orch.get(run_id, owner=owner)) and is_terminal(r) and r,
-        timeout, what=f"run {run_id} terminal",
+        timeout,
+        what=f"run {run_id} terminal",
     )
+    return record
 
 
 def test_step_completes_with_the_services_answer(
@@ -137,20 +145,26 @@ def terminal_within_deadline(
 
 
 def test_hanging_service_parks_the_run_then_its_budget_ends_it(
-    service: AgentService, beat: ManagedProcess, worker: ManagedProcess,
-    stack: Stack, orch: Orchestrator, owner: str,
+    service: AgentService,
+    beat: ManagedProcess,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
 ) -> None:
     service.script = [("working", 120), ("done", 0)]
     run = orch.launch(flow(service), owner=owner)
     wait_for(
         lambda: orch.get(run.id, owner=owner).steps[0].last_provider_status == "working",
-        20, what="the turn is working",
+        20,
+        what="the turn is working",
     )
     service.hang = 60  # every request now waits far past ORCH_PROVIDER_TIMEOUT
     began = time.monotonic()
     parked = wait_for(
         lambda: (r := orch.get(run.id, owner=owner)).status == "parked" and r,
-        15, what="the run parks while the service hangs",
+        15,
+        what="the run parks while the service hangs",
     )
     assert parked.park_reason == "platform_interrupt"
     bound = stack.settings.provider_timeout
@@ -174,13 +188,18 @@ def test_secret_header_never_appears_in_the_record_or_events(
     done = finished(orch, accepted.id, owner)
     assert (done.status, done.result) == ("completed", {"echo": "hello"})
 
-    # The service now wants another token and echoes the one it got in its 401 body.
-    service.token = "another-token"
+    # Mid-turn the service starts wanting another token, and echoes the one it got in its 401.
+    service.script = [("working", 120), ("done", 0)]
     refused = orch.launch(flow(service, headers=auth), owner=owner)
+    wait_for(
+        lambda: orch.get(refused.id, owner=owner).steps[0].last_provider_status == "working",
+        20,
+        what="the turn is working",
+    )
+    service.token = "another-token"
     failed = finished(orch, refused.id, owner)
-    print("DEBUG", failed.model_dump_json(indent=1), orch.events(refused.id, owner=owner), worker.log()[-6000:])
     assert (failed.status, failed.stop_reason) == ("failed", "step_failed")
-    assert "401" in (failed.error or "") and "bad credentials" in (failed.error or "")
+    assert "answered 401" in (failed.error or "") and "bad credentials" in (failed.error or "")
     assert "Bearer ***" in (failed.error or ""), failed.error
 
     for run_id in (accepted.id, refused.id):
@@ -192,3 +211,16 @@ def test_secret_header_never_appears_in_the_record_or_events(
         assert SECRET not in explained
         assert TOKEN_ENV in record  # the options name the variable, not its value
     assert SECRET not in worker.log()
+
+
+# Regression: a refused first start once left the run 'queued' (stale step in close_run).
+def test_start_refused_by_the_service_fails_the_step_naming_the_refusal(
+    service: AgentService, worker: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    service.start_status = 400
+    run = orch.launch(flow(service), owner=owner)
+    # A refusal is decided by the first execution; 5 s is generous.
+    done = finished(orch, run.id, owner, timeout=5)
+    assert (done.status, done.stop_reason) == ("failed", "step_failed")
+    assert "answered 400" in (done.error or ""), done.error
+    assert "start refused by the knob" in (done.steps[0].error or ""), done.steps[0].error

@@ -56,8 +56,12 @@ def step(
     server: LangGraphServer, graph: str, task: Any = "hello", *, id: str = "s1", **options: Any
 ) -> dict[str, Any]:
     return {
-        "id": id, "provider": "langgraph", "task": task, "timeout": 60,
-        "poll_interval": 0.2, "max_poll_interval": 1.0,
+        "id": id,
+        "provider": "langgraph",
+        "task": task,
+        "timeout": 60,
+        "poll_interval": 0.2,
+        "max_poll_interval": 1.0,
         "with": {"url": server.url, "assistant_id": graph, **options},
     }
 
@@ -68,10 +72,12 @@ def slow(seconds: float) -> dict[str, Any]:
 
 
 def finished(orch: Orchestrator, run_id: str, owner: str, timeout: float = 30) -> RunRecord:
-    return wait_for(
+    record: RunRecord = wait_for(
         lambda: (r := orch.get(run_id, owner=owner)) and is_terminal(r) and r,
-        timeout, what=f"run {run_id} terminal",
+        timeout,
+        what=f"run {run_id} terminal",
     )
+    return record
 
 
 def server_runs(server: LangGraphServer, key: str) -> list[dict[str, Any]]:
@@ -90,14 +96,17 @@ def server_run(server: LangGraphServer, key: str, run_id: str) -> dict[str, Any]
 def test_step_completes_with_the_graphs_answer(
     server: LangGraphServer, worker: ManagedProcess, orch: Orchestrator, owner: str
 ) -> None:
-    run = orch.launch(flow(step(server, "answer", "ship {{ args.what }}")), {"what": "it"},
-                      owner=owner)
+    run = orch.launch(
+        flow(step(server, "answer", "ship {{ args.what }}")), {"what": "it"}, owner=owner
+    )
     done = finished(orch, run.id, owner)
     assert (done.status, done.stop_reason, done.error) == ("completed", "completed", None)
     assert done.result == {"answer": 42, "task": "ship it"}
     only = done.steps[0]
     assert (only.status, only.output, only.last_provider_status) == (
-        "completed", {"answer": 42, "task": "ship it"}, "success/idle"
+        "completed",
+        {"answer": 42, "task": "ship it"},
+        "success/idle",
     )
     runs = server_runs(server, only.idempotency_key or "")
     assert [(r["run_id"], r["status"]) for r in runs] == [(only.provider_run_id, "success")]
@@ -109,12 +118,15 @@ def test_interrupt_parks_for_a_human_and_the_answer_resumes_it(
     run = orch.launch(flow(step(server, "ask", "deploy")), owner=owner)
     parked = wait_for(
         lambda: ((r := orch.get(run.id, owner=owner)).status == "parked" or is_terminal(r)) and r,
-        20, what="the run parks (or ends)",
+        20,
+        what="the run parks (or ends)",
     )
     assert (parked.status, parked.park_reason, parked.health) == ("parked", "human", "waiting")
     asked = parked.steps[0]
     assert (asked.status, asked.prompt, asked.attempt) == (
-        "parked", {"question": "approve deploy?"}, 1
+        "parked",
+        {"question": "approve deploy?"},
+        1,
     )
     assert asked.last_provider_status == "success/interrupted"
 
@@ -122,7 +134,9 @@ def test_interrupt_parks_for_a_human_and_the_answer_resumes_it(
     assert resumed.status == "running"
     done = finished(orch, run.id, owner)
     assert (done.status, done.stop_reason, done.result) == (
-        "completed", "completed", "human said: yes"
+        "completed",
+        "completed",
+        "human said: yes",
     )
     last = done.steps[0]
     assert (last.attempt, last.prompt, last.output) == (2, None, "human said: yes")
@@ -149,9 +163,11 @@ def test_cancel_interrupts_the_server_side_run(
 ) -> None:
     run = orch.launch(flow(step(server, "answer", config=slow(60))), owner=owner)
     running = wait_for(
-        lambda: (r := orch.get(run.id, owner=owner)).steps[0].last_provider_status == "running"
-        and r,
-        20, what="the server-side run is running",
+        lambda: (
+            (r := orch.get(run.id, owner=owner)).steps[0].last_provider_status == "running" and r
+        ),
+        20,
+        what="the server-side run is running",
     )
     key, lg_run = running.steps[0].idempotency_key or "", running.steps[0].provider_run_id or ""
     assert server_run(server, key, lg_run)["status"] == "running"
@@ -190,7 +206,8 @@ def test_tasks_delivered_twice_start_one_server_run_per_attempt(
     )
     wait_for(
         lambda: (r := twice.get(run.id, owner=owner)).park_reason == "human" and r,
-        30, what="step b parked for a human",
+        30,
+        what="step b parked for a human",
     )
     twice.answer(run.id, "b", "ok", owner=owner)  # the resume chain goes out twice too
     done = finished(twice, run.id, owner)
@@ -235,18 +252,23 @@ def terminal_within_deadline(
 
 
 def test_server_killed_mid_step_parks_then_the_run_ends_by_its_deadline(
-    server: LangGraphServer, beat: ManagedProcess, worker: ManagedProcess,
-    orch: Orchestrator, owner: str,
+    server: LangGraphServer,
+    beat: ManagedProcess,
+    worker: ManagedProcess,
+    orch: Orchestrator,
+    owner: str,
 ) -> None:
     run = orch.launch(flow(step(server, "answer", "survive", config=slow(4))), owner=owner)
     wait_for(
         lambda: orch.get(run.id, owner=owner).steps[0].last_provider_status == "running",
-        20, what="the server-side run is running",
+        20,
+        what="the server-side run is running",
     )
     server.kill()
     parked = wait_for(
         lambda: (r := orch.get(run.id, owner=owner)).status == "parked" and r,
-        15, what="the run parks while the server is down",
+        15,
+        what="the run parks while the server is down",
     )
     assert parked.park_reason == "platform_interrupt"
     assert "cannot reach" in (parked.steps[0].error or ""), parked.steps[0].error
