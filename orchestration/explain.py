@@ -32,6 +32,36 @@ def _current(record: RunRecord) -> StepRecord | None:
     return None
 
 
+def _stalled(
+    settings: Settings, record: RunRecord, status: RunStatus, why: str, now: datetime
+) -> tuple[str, str]:
+    """Why a stalled run is stalled, and which sweeper pass moves it."""
+    sweeper = f"the sweeper (every {settings.sweep_interval:g}s)"
+    if status is RunStatus.PARKED and record.parked_since is not None:
+        expiry = park_expiry(
+            settings, record.park_reason, record.parked_since, record.waiting_until
+        )
+        if now > expiry:
+            return (
+                f"{why}; STALLED: the park expired at {_at(expiry)}",
+                f"{sweeper} closes it timed_out (park_expired)",
+            )
+    beat = record.heartbeat_at or record.created_at
+    why = (
+        f"{why}; STALLED: no heartbeat since {_at(beat)} (dead since "
+        + _at(heartbeat_expiry(settings, beat))
+        + ")"
+    )
+    if status is RunStatus.CANCELLING:
+        return why, f"{sweeper} enforces the cancel once the grace is over"
+    if record.rearms >= settings.max_rearms:
+        return why, f"{sweeper} closes it interrupted (heartbeat_lost): re-arms are used up"
+    return why, (
+        f"{sweeper} re-arms it ({record.rearms}/{settings.max_rearms} re-arms used; "
+        "then it is closed interrupted)"
+    )
+
+
 def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, Any]:
     """A structured explanation; ``text`` joins it into sentences."""
     status = RunStatus(record.status)
@@ -82,16 +112,8 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
         last = step.last_provider_status if step else None
         why = f"{where} is polling its provider turn (last status {last!r})"
         next_move = f"the next poll at {_at(step.next_poll_at if step else None)}"
-    if record.health == Health.STALLED and record.heartbeat_at is not None:
-        dead_since = heartbeat_expiry(settings, record.heartbeat_at)
-        why += (
-            f"; STALLED: no heartbeat since {_at(record.heartbeat_at)} "
-            f"(dead since {_at(dead_since)})"
-        )
-        next_move = (
-            f"the sweeper (every {settings.sweep_interval:g}s) re-arms it "
-            f"({record.rearms}/{settings.max_rearms} re-arms used) or closes it"
-        )
+    if record.health == Health.STALLED:
+        why, next_move = _stalled(settings, record, status, why, now)
     summary = {
         "run_id": record.id,
         "status": record.status,

@@ -117,7 +117,16 @@ def launch(
     clean_args = workflows.check_args({} if args is None else args, settings)
     spec = workflows.parse(workflow, settings, args=clean_args)
     definition = spec.as_dict()
-    print_ = workflows.fingerprint(definition, clean_args)
+    # The whole request is fingerprinted: the same request_id with another workflow, args,
+    # concurrency key or conflict policy is a different request, hence a conflict.
+    print_ = workflows.fingerprint(
+        definition,
+        clean_args,
+        extra={
+            "concurrency_key": concurrency_key,
+            "on_conflict": on_conflict.value if concurrency_key else None,
+        },
+    )
     rid = request_id or uuid.uuid4().hex
     for attempt in range(3):
         try:

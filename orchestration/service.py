@@ -172,7 +172,10 @@ class Orchestrator:
 
         Raises :class:`ConflictError` when the run is not parked for a human at that step.
         """
-        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
+        try:
+            encoded = json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise ValidationError("value", f"must be plain JSON: {exc}") from None
         if len(encoded) > self.settings.max_args_bytes:
             raise LimitExceeded(
                 "value",

@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Literal
 
 from pydantic import Field, model_validator
+from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestration.errors import ConfigurationError
@@ -87,12 +88,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        live_gap = self.max_poll_interval_limit + self.provider_timeout + MARGIN_SECONDS
+        # One execution of a step task lasts at most one provider call or one webhook call.
+        call = max(self.provider_timeout, self.webhook_timeout if self.webhook_url else 0.0)
+        live_gap = self.max_poll_interval_limit + call + MARGIN_SECONDS
         if self.heartbeat_timeout <= live_gap:
             raise ValueError(
                 f"ORCH_HEARTBEAT_TIMEOUT ({self.heartbeat_timeout}s) must exceed "
-                f"ORCH_MAX_POLL_INTERVAL_LIMIT + ORCH_PROVIDER_TIMEOUT + {MARGIN_SECONDS}s "
-                f"({live_gap}s): a live step stamps its heartbeat at least that often"
+                "ORCH_MAX_POLL_INTERVAL_LIMIT + max(ORCH_PROVIDER_TIMEOUT, ORCH_WEBHOOK_TIMEOUT "
+                "when ORCH_WEBHOOK_URL is set) "
+                f"+ {MARGIN_SECONDS}s ({live_gap}s): a live step stamps its heartbeat at least "
+                "that often"
             )
         signing = [self.security_key, self.security_certificate, self.security_cert_store]
         if any(signing) and not all(signing):
@@ -118,11 +123,17 @@ class Settings(BaseSettings):
 
 
 def load_settings() -> Settings:
-    """Read settings from the environment, turning pydantic's error into ours."""
+    """Read settings from the environment; an error names the ``ORCH_`` variable."""
     try:
         return Settings()
-    except ValueError as exc:
-        raise ConfigurationError(f"invalid ORCH_ settings: {exc}") from exc
+    except PydanticValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            message = str(error["msg"]).removeprefix("Value error, ")
+            if error["loc"]:
+                message = f"ORCH_{str(error['loc'][0]).upper()}: {message}"
+            problems.append(message)
+        raise ConfigurationError("invalid settings: " + "; ".join(problems)) from None
 
 
 @lru_cache(maxsize=1)

@@ -123,9 +123,7 @@ class Stepper:
             )
             if fenced.rowcount != 1:  # type: ignore[attr-defined]
                 return Halt("duplicate or stale delivery")
-            cancel_requested = run.cancel_requested_at is not None
-            if not cancel_requested:
-                self._stamp(session, run, step, now)
+            cancel_requested = not self._stamp(session, run_id, step, now)
             phase = _phase(session, run, step)
         tick += 1
         self.fenced_tick = tick
@@ -400,20 +398,36 @@ class Stepper:
         )
         return Halt("cancel honoured")
 
-    def _stamp(self, session: Session, run: Run, step: Step, now: datetime) -> None:
-        deadline = deadlines.compute(
-            self.settings,
-            RunStatus(run.status),
-            heartbeat_at=now,
-            step_timeout_at=step_timeout_at(run, step),
-            park_reason=run.park_reason,
-            parked_since=run.parked_since,
-            waiting_until=run.waiting_until,
-            cancel_requested_at=run.cancel_requested_at,
-        )
-        touch_run(
-            session, run.id, now, heartbeat_at=now, current_step=step.index, deadline_at=deadline
-        )
+    def _stamp(self, session: Session, run_id: str, step: Step, now: datetime) -> bool:
+        """Stamp the heartbeat and the deadline, compare-and-set on the status the deadline was
+        computed from; ``False`` when a cancel is requested or the run ended meanwhile."""
+        for _ in range(3):
+            run = session.get(Run, run_id, populate_existing=True)
+            if run is None or run.status in RUN_TERMINAL or run.cancel_requested_at is not None:
+                return False
+            deadline = deadlines.compute(
+                self.settings,
+                RunStatus(run.status),
+                heartbeat_at=now,
+                step_timeout_at=step_timeout_at(run, step),
+                park_reason=run.park_reason,
+                parked_since=run.parked_since,
+                waiting_until=run.waiting_until,
+            )
+            stamped = session.execute(
+                update(Run)
+                .where(
+                    Run.id == run_id,
+                    Run.status == run.status,
+                    Run.cancel_requested_at.is_(None),
+                )
+                .values(
+                    heartbeat_at=now, current_step=step.index, deadline_at=deadline, updated_at=now
+                )
+            )
+            if stamped.rowcount == 1:  # type: ignore[attr-defined]
+                return True
+        return False
 
     def _fail(self, session: Session, run_id: str, error: str, now: datetime) -> None:
         close_run(

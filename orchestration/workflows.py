@@ -174,9 +174,14 @@ def check_args(args: Any, settings: Settings) -> dict[str, Any]:
     return dict(args)
 
 
-def fingerprint(workflow: Mapping[str, Any], args: Mapping[str, Any]) -> str:
-    """A stable hash of (workflow, args): what makes two launches "the same request"."""
+def fingerprint(
+    workflow: Mapping[str, Any],
+    args: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """A stable hash of (workflow, args, launch options): what makes two launches "the same
+    request"."""
     canonical = json.dumps(
-        {"workflow": workflow, "args": args}, sort_keys=True, separators=(",", ":")
+        {"workflow": workflow, "args": args, **(extra or {})}, sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -60,7 +60,8 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
         title="orchestration",
         summary="Launch, watch and cancel AI-agent workflow runs; every run ends.",
         version="1",
-        docs_url="/docs",
+        # Swagger UI and ReDoc load their assets from a CDN; the schema is served as JSON only.
+        docs_url=None,
         redoc_url=None,
     )
     app.state.orchestrator = orch

@@ -24,7 +24,7 @@ from orchestration.api.auth import COOKIE, csrf_ok, csrf_value, dashboard_token,
 from orchestration.api.auth import orchestrator as app_orchestrator
 from orchestration.errors import OrchestrationError, RunNotFound
 from orchestration.service import Orchestrator
-from orchestration.states import RUN_LIVE, RUN_TERMINAL, Health, RunStatus
+from orchestration.states import RUN_TERMINAL, Health, RunStatus
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 
@@ -141,7 +141,6 @@ def runs_page(
         error=error,
         older=older,
         refresh=refresh,
-        live={s.value for s in RUN_LIVE},
     )
 
 

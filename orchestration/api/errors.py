@@ -103,12 +103,13 @@ async def _api(_: Request, exc: Exception) -> JSONResponse:
 async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
-    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+    first: dict[str, Any] = dict(errors[0]) if errors else {}
     field = _field(first.get("loc", ("body",)))
-    message = f"{field}: {first.get('msg', 'invalid')}"
+    message = f"{field}: {first.get('msg', 'invalid request')}"
     if first.get("type") == "json_invalid":
         field = "body"
-        message = f"body: not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"
+        detail = (first.get("ctx") or {}).get("error", "decode error")
+        message = f"body: not valid JSON ({detail})"
     elif field == "body":
         message += " (send a JSON object with Content-Type: application/json)"
     if len(errors) > 1:
