@@ -62,6 +62,7 @@ def compute(
             # A polled park (engine limit, platform interrupt) still needs a live heartbeat.
             expiry = min(expiry, alive_until)
         return expiry + slack
-    if step_timeout_at is not None:
+    if status is RunStatus.RUNNING and step_timeout_at is not None:
+        # The step's timeout bounds its turn; effects (``waiting``) are bounded by attempts.
         return min(step_timeout_at, alive_until) + slack
     return alive_until + slack

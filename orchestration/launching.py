@@ -24,12 +24,12 @@ from orchestration.models import Run, RunEvent, Step
 from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, STEP_LIVE, RunStatus, StepStatus
 
-_NAME = re.compile(r"^[\x21-\x7e]{1,200}$")
+_NAME = re.compile(r"[\x21-\x7e]{1,200}")
 
 
 def check_name(field: str, value: Any) -> str:
     """Owners, request ids and concurrency keys: 1-200 printable ASCII characters."""
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise ValidationError(field, "must be 1-200 printable ASCII characters without spaces")
     return value
 
@@ -61,7 +61,15 @@ def arm(
     The first link carries the step's current fencing tick, so whichever of this message and a
     late redelivery of the old one runs first wins, and the other is a no-op.
     """
-    steps = session.scalars(select(Step).where(Step.run_id == run.id).order_by(Step.index)).all()
+    # Transitions write SQL directly: read the rows as they are now, not as this session
+    # first loaded them (``answer`` has just reset the step's start, for one).
+    session.refresh(run)
+    steps = session.scalars(
+        select(Step)
+        .where(Step.run_id == run.id)
+        .order_by(Step.index)
+        .execution_options(populate_existing=True)
+    ).all()
     live = [step for step in steps if step.status in STEP_LIVE]
     if not live:
         return []

@@ -10,7 +10,8 @@ Passes, per live run, first match wins:
 2. claim promotion: a run queued behind a key whose holder is gone gets the key;
 3. park expiry: parked past its budget (and any ``waiting_until``);
 4. dead heartbeat: re-armed up to ``ORCH_MAX_REARMS`` times, then ``interrupted``;
-5. run deadline: past ``deadline_at`` and stalled, closed ``deadline_exceeded``;
+5. run deadline: a backstop; past ``deadline_at`` with nothing having ended it, closed
+   ``deadline_exceeded``;
 
 then it stamps its own liveness row.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -33,7 +35,14 @@ from orchestration.dispatch import Dispatcher
 from orchestration.errors import IllegalTransition
 from orchestration.models import Run, Step, SweeperBeat
 from orchestration.settings import Settings
-from orchestration.states import RUN_LIVE, Health, ParkReason, RunStatus, StepStatus, StopReason
+from orchestration.states import (
+    RUN_LIVE,
+    RUN_TERMINAL,
+    ParkReason,
+    RunStatus,
+    StepStatus,
+    StopReason,
+)
 from orchestration.transitions import touch_run, transition_run, transition_step
 
 LOG = logging.getLogger(__name__)
@@ -104,43 +113,57 @@ class Sweeper:
         if status is RunStatus.QUEUED and run.claim == claims.QUEUED:
             return self._queued_behind(run, now)
         if health.park_expired(self.settings, run, now):
-            self._close(
+            done = self._close(
                 run,
                 now,
                 RunStatus.TIMED_OUT,
                 StopReason.PARK_EXPIRED,
                 f"{run.park_reason} park ran past its budget (sweeper)",
+                still=lambda fresh: health.park_expired(self.settings, fresh, now),
             )
-            return "parks_expired"
+            return "parks_expired" if done else None
         if dead and not (status is RunStatus.PARKED and run.park_reason == ParkReason.HUMAN):
             if run.rearms >= self.settings.max_rearms:
-                self._close(
+                done = self._close(
                     run,
                     now,
                     RunStatus.INTERRUPTED,
                     StopReason.HEARTBEAT_LOST,
                     f"heartbeat dead after {run.rearms} re-arms (sweeper)",
+                    still=lambda fresh: health.heartbeat_dead(self.settings, fresh, now),
                 )
-                return "interrupted"
+                return "interrupted" if done else None
             return "rearmed" if self._rearm(run, now) else None
-        past_deadline = run.deadline_at is not None and now > run.deadline_at
-        if past_deadline and health.derive(self.settings, run, now) is Health.STALLED:
-            self._close(
+        # The backstop: a live run past the deadline it stated, with a fresh heartbeat, is one
+        # whose own bound (a step timeout) went unenforced, e.g. behind an overloaded worker.
+        if _past_deadline(run, now):
+            done = self._close(
                 run,
                 now,
                 RunStatus.TIMED_OUT,
                 StopReason.DEADLINE_EXCEEDED,
-                "run passed its deadline_at with nothing able to move it (sweeper)",
+                "run passed its deadline_at and nothing had ended it (sweeper)",
+                still=lambda fresh: _past_deadline(fresh, now),
             )
-            return "deadlines_exceeded"
+            return "deadlines_exceeded" if done else None
         return None
 
     def _close(
-        self, run: Run, now: datetime, to: RunStatus, reason: StopReason, cause: str
-    ) -> None:
+        self,
+        run: Run,
+        now: datetime,
+        to: RunStatus,
+        reason: StopReason,
+        cause: str,
+        *,
+        still: Callable[[Run], bool],
+    ) -> bool:
+        """Close the run if ``still`` holds for its fresh, locked row (the pass read a snapshot;
+        a step may have moved the run since). Returns whether it closed it."""
         with session_scope(self.settings.database_url) as session:
-            current = session.get(Run, run.id)
-            assert current is not None
+            current = session.get(Run, run.id, with_for_update=True, populate_existing=True)
+            if current is None or current.status in RUN_TERMINAL or not still(current):
+                return False
             live = turns.live_turns(session, current)
             task_ids = list(current.task_ids)
             close_run(
@@ -161,6 +184,7 @@ class Sweeper:
                 turns.stop(self.settings, live)
 
             after_commit(session, stop)
+        return True
 
     def _rearm(self, run: Run, now: datetime) -> bool:
         """Re-dispatch the run's chain from its current step; exclusive via the re-arm count."""
@@ -275,6 +299,10 @@ class Sweeper:
                 beat.passes += 1
                 beat.last_pass_seconds = report["seconds"]
                 beat.last_report = report
+
+
+def _past_deadline(run: Run, now: datetime) -> bool:
+    return run.deadline_at is not None and now > run.deadline_at
 
 
 def last_pass(settings: Settings) -> SweeperBeat | None:

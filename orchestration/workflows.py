@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from orchestration import providers, templating
@@ -30,6 +30,7 @@ class StepSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    # pydantic matches with Rust's regex, where ``$`` is the end of the text (no newline).
     id: str = Field(pattern=STEP_ID_PATTERN)
     provider: str = Field(min_length=1, max_length=80)
     task: Any = ""
@@ -38,11 +39,12 @@ class StepSpec(BaseModel):
     poll_interval: float = Field(1.0, gt=0)
     max_poll_interval: float = Field(10.0, gt=0)
 
-    @model_validator(mode="after")
-    def _intervals(self) -> StepSpec:
-        if self.max_poll_interval < self.poll_interval:
-            raise ValueError("max_poll_interval must be at least poll_interval")
-        return self
+    @field_validator("max_poll_interval")
+    @classmethod
+    def _intervals(cls, value: float, info: ValidationInfo) -> float:
+        if value < info.data.get("poll_interval", 0):
+            raise ValueError("must be at least poll_interval")
+        return value
 
 
 class WorkflowSpec(BaseModel):
@@ -114,7 +116,8 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
             providers.get_provider(step.provider, settings).validate(step.options)
         except ValidationError as exc:
             raise ValidationError(f"{where}.with.{exc.field}".rstrip("."), exc.problem) from None
-        size = len(json.dumps(step.task, ensure_ascii=False).encode())
+        plain_json(step.options, f"{where}.with")
+        size = plain_json(step.task, f"{where}.task")
         if size > settings.max_task_bytes:
             raise LimitExceeded(
                 f"{where}.task",
@@ -153,7 +156,8 @@ def load_file(path: str | Path) -> Any:
         if path.suffix.lower() == ".json":
             return json.loads(text)
         return yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:
+        # ValueError covers JSONDecodeError and Python's limit on huge integer literals.
         raise ValidationError("workflow", f"{path} is not valid YAML/JSON: {exc}") from None
 
 
@@ -161,17 +165,23 @@ def check_args(args: Any, settings: Settings) -> dict[str, Any]:
     """Args must be a JSON object within ``ORCH_MAX_ARGS_BYTES``."""
     if not isinstance(args, Mapping):
         raise ValidationError("args", "must be a JSON object")
-    try:
-        encoded = json.dumps(args, ensure_ascii=False, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise ValidationError("args", f"must be plain JSON: {exc}") from None
-    if len(encoded) > settings.max_args_bytes:
+    size = plain_json(args, "args")
+    if size > settings.max_args_bytes:
         raise LimitExceeded(
             "args",
-            f"{len(encoded)} bytes is over the limit of {settings.max_args_bytes} "
-            "(ORCH_MAX_ARGS_BYTES)",
+            f"{size} bytes is over the limit of {settings.max_args_bytes} (ORCH_MAX_ARGS_BYTES)",
         )
     return dict(args)
+
+
+def plain_json(value: Any, field: str) -> int:
+    """The UTF-8 size of ``value`` as strict JSON; a :class:`ValidationError` naming ``field``
+    for anything else (NaN, a date, bytes, a lone surrogate, absurd nesting or integers)."""
+    try:
+        return len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode())
+    except (TypeError, ValueError, RecursionError) as exc:
+        problem = "is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ValidationError(field, f"must be plain JSON: {problem}") from None
 
 
 def fingerprint(

@@ -42,6 +42,7 @@ def advance_step(self: Task, run_id: str, index: int, tick: int = 0, db_errors: 
         raise self.retry(
             countdown=min(2.0**db_errors * 0.25, settings.max_poll_interval_limit),
             kwargs={"tick": owned, "db_errors": db_errors + 1},
+            argsrepr=f"(run={run_id}, step={index})",
             max_retries=None,
             exc=exc,
         ) from exc
@@ -50,6 +51,7 @@ def advance_step(self: Task, run_id: str, index: int, tick: int = 0, db_errors: 
             countdown=outcome.countdown,
             kwargs={"tick": outcome.tick},
             max_retries=None,
+            argsrepr=f"(run={run_id}, step={index})",
             kwargsrepr=f"{{'tick': {outcome.tick}}}",
         )
     if isinstance(outcome, Halt):

@@ -7,9 +7,8 @@ Routes are sync: FastAPI runs them in its thread pool, and the service is blocki
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -159,7 +158,4 @@ def explain(run_id: str, owner: ApiOwner, orch: Orch) -> dict[str, Any]:
 @router.get("/{run_id}/events", summary="A run's event journal")
 def events(run_id: str, owner: ApiOwner, orch: Orch) -> list[EventRecord]:
     """Every status change of the run and its steps, oldest first."""
-    # cast: ``Orchestrator.list`` shadows the builtin in the class body, so mypy cannot read
-    # the declared ``list[dict[str, Any]]`` return type of ``events``.
-    journal = cast("Iterable[dict[str, Any]]", orch.events(run_id, owner=owner))
-    return [EventRecord.model_validate(event) for event in journal]
+    return [EventRecord.model_validate(event) for event in orch.events(run_id, owner=owner)]

@@ -95,12 +95,18 @@ def store_url(settings: Settings) -> str:
     return settings.database_url
 
 
-def _number(options: Mapping[str, Any], name: str) -> None:
+#: Longest duration a script may state (about 115 days): beyond it ``timedelta`` overflows.
+MAX_SECONDS = 10_000_000
+
+
+def _number(options: Mapping[str, Any], name: str, field: str | None = None) -> None:
     value = options.get(name)
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= MAX_SECONDS
     ):
-        raise ValidationError(name, "must be a number of seconds, 0 or more")
+        raise ValidationError(field or name, f"must be a number of seconds from 0 to {MAX_SECONDS}")
 
 
 def _check_states(states: Any, name: str) -> None:
@@ -112,12 +118,12 @@ def _check_states(states: Any, name: str) -> None:
         last = index == len(states) - 1
         if not isinstance(entry, list) or not 1 <= len(entry) <= 2:
             raise ValidationError(where, "must be [status, seconds] (seconds optional on the last)")
-        if entry[0] not in words:
+        if not isinstance(entry[0], str) or entry[0] not in words:
             raise ValidationError(where, f"unknown status {entry[0]!r}; one of {sorted(words)}")
         if len(entry) == 1 and not last:
             raise ValidationError(where, "needs seconds: only the last state is held forever")
         if len(entry) == 2:
-            _number({"seconds": entry[1]}, "seconds")
+            _number({"seconds": entry[1]}, "seconds", where)
 
 
 def _play(states: list[list[Any]], elapsed: float) -> tuple[str, float]:

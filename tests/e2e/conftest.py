@@ -21,15 +21,16 @@ from orchestration.api import tokens
 from orchestration.api.app import create_app
 from orchestration.db import session_scope, utcnow
 from tests.conftest import wait_for
-from tests.integration.conftest import (  # noqa: F401 - fixtures re-exported for this tier
-    Stack,
-    beat,
-    broker_url,
-    orch,
-    owner,
-    stack,
-    worker,
-)
+from tests.integration import conftest as integration
+from tests.integration.conftest import Stack
+
+# The integration tier's fixtures, re-exported: each e2e module is an isolated deployment too.
+broker_url = integration.broker_url
+stack = integration.stack
+worker = integration.worker
+beat = integration.beat
+orch = integration.orch
+owner = integration.owner
 
 
 @dataclass

@@ -5,6 +5,7 @@ Nothing here starts a service: every database is a SQLite file in the test's ``t
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,6 +27,7 @@ hypothesis_settings.register_profile(
     "unit",
     max_examples=100,
     deadline=None,
+    database=None,  # no example database written into the working tree
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 PROPERTY = hypothesis_settings.get_profile("unit")
@@ -152,15 +154,71 @@ def events_of(settings: Settings, run_id: str) -> list[RunEvent]:
 
 def snapshot(settings: Settings, run_id: str) -> dict[str, Any]:
     """Every column of the run, its steps and its journal: to prove that nothing was written."""
+    runs, steps, events = Run.__table__, Step.__table__, RunEvent.__table__
+    with session_scope(settings.database_url) as session:
+        run = session.execute(select(runs).where(runs.c.id == run_id)).mappings().one()
+        step_rows = session.execute(
+            select(steps).where(steps.c.run_id == run_id).order_by(steps.c.index)
+        ).mappings()
+        event_rows = session.execute(
+            select(events).where(events.c.run_id == run_id).order_by(events.c.id)
+        ).mappings()
+        return {
+            "run": dict(run),
+            "steps": [dict(row) for row in step_rows],
+            "events": [dict(row) for row in event_rows],
+        }
 
-    def columns(row: Any) -> dict[str, Any]:
-        return {column.key: getattr(row, column.key) for column in row.__table__.columns}
 
-    return {
-        "run": columns(run_row(settings, run_id)),
-        "steps": [columns(step) for step in steps_of(settings, run_id)],
-        "events": [columns(event) for event in events_of(settings, run_id)],
-    }
+def insert_run(
+    settings: Settings,
+    status: str = "queued",
+    *,
+    steps: int = 1,
+    now: datetime = T0,
+    **values: Any,
+) -> str:
+    """A run row and its pending steps written straight through the ORM (no launch), for
+    table-driven tests that need many runs in a given status."""
+    run_id = uuid.uuid4().hex
+    definition = workflow(*(step_spec(f"s{index}") for index in range(steps)))
+    with session_scope(settings.database_url) as session:
+        session.add(
+            Run(
+                id=run_id,
+                owner="owner-1",
+                request_id=run_id,
+                fingerprint="0" * 64,
+                workflow_name=definition["name"],
+                workflow=definition,
+                args={},
+                status=status,
+                created_at=now,
+                updated_at=now,
+                heartbeat_at=now,
+                task_ids=[],
+                current_step=0,
+                rearms=0,
+                needs_review=False,
+                **values,
+            )
+        )
+        for index in range(steps):
+            session.add(
+                Step(
+                    run_id=run_id,
+                    index=index,
+                    step_id=f"s{index}",
+                    provider="scripted",
+                    status="pending",
+                    attempt=1,
+                    idempotency_key=f"{run_id}:s{index}:1",
+                    polls=0,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    return run_id
 
 
 def force(settings: Settings, run_id: str, **values: Any) -> None:

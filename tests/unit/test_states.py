@@ -48,13 +48,13 @@ def _reachable(table: Mapping[S, frozenset[S]], start: S) -> set[S]:
 
 
 def test_run_statuses_split_into_live_and_terminal() -> None:
-    assert RUN_LIVE | RUN_TERMINAL == set(RunStatus)
+    assert set(RunStatus) == RUN_LIVE | RUN_TERMINAL
     assert not RUN_LIVE & RUN_TERMINAL
     assert set(RUN_TRANSITIONS) == set(RunStatus)
 
 
 def test_step_statuses_split_into_live_and_terminal() -> None:
-    assert STEP_LIVE | STEP_TERMINAL == set(StepStatus)
+    assert set(StepStatus) == STEP_LIVE | STEP_TERMINAL
     assert not STEP_LIVE & STEP_TERMINAL
     assert set(STEP_TRANSITIONS) == set(StepStatus)
 
@@ -87,8 +87,8 @@ def test_every_live_step_status_can_reach_a_terminal_one(status: StepStatus) -> 
 def test_no_transition_is_a_self_loop() -> None:
     for run_status, targets in RUN_TRANSITIONS.items():
         assert run_status not in targets
-    for step_status, targets in STEP_TRANSITIONS.items():
-        assert step_status not in targets
+    for step_status, step_targets in STEP_TRANSITIONS.items():
+        assert step_status not in step_targets
 
 
 def test_queued_is_the_only_run_status_nothing_moves_into() -> None:

@@ -1,0 +1,258 @@
+"""The dashboard in a real headless Chromium (Debian's ``chromium``), driven over the Chrome
+DevTools Protocol: sign in through the form, read the runs list, click a run's cancel button,
+and keep screenshots under ``test-artifacts/`` for a person to look at."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orchestration.processes import ManagedProcess
+from orchestration.service import Orchestrator
+from tests.conftest import IN_CI, wait_for
+from tests.e2e.conftest import ApiServer, scripted
+from tests.integration.conftest import Stack
+
+pytestmark = pytest.mark.e2e
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = shutil.which("chromium")
+
+try:
+    from websockets.sync.client import ClientConnection, connect
+except ImportError:  # pragma: no cover - depends on the environment
+    connect = None  # type: ignore[assignment]
+
+
+class Browser:
+    """One page of a headless Chromium, spoken to over CDP (a websocket, JSON messages)."""
+
+    def __init__(self, socket: ClientConnection) -> None:
+        self.socket = socket
+        self.ids = itertools.count(1)
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        ident = next(self.ids)
+        self.socket.send(json.dumps({"id": ident, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.socket.recv(timeout=30))
+            if message.get("id") == ident:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                result: dict[str, Any] = message.get("result", {})
+                return result
+
+    def evaluate(self, expression: str) -> Any:
+        reply = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return reply["result"].get("value")
+
+    def mark(self) -> None:
+        """Tag the current document, so :meth:`loaded` can tell when a new one replaced it."""
+        self.evaluate("window.__old = true")
+
+    def open(self, url: str) -> None:
+        self.mark()
+        self.call("Page.navigate", url=url)
+        self.loaded()
+
+    def loaded(self) -> None:
+        """Wait until a new document (after :meth:`mark`) has finished loading."""
+        wait_for(
+            lambda: self.evaluate("!window.__old && document.readyState === 'complete'"),
+            15,
+            interval=0.05,
+            what="the next page loaded",
+        )
+
+    def click(self, selector: str) -> None:
+        """A real mouse click at the centre of the element (not a synthetic JS click)."""
+        box = self.evaluate(
+            f"(() => {{ const r = document.querySelector({json.dumps(selector)})"
+            ".getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call(
+                "Input.dispatchMouseEvent",
+                type=kind,
+                x=box[0],
+                y=box[1],
+                button="left",
+                clickCount=1,
+            )
+
+    def type_into(self, selector: str, text: str) -> None:
+        self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
+        self.call("Input.insertText", text=text)
+
+    def screenshot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / name
+        data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        path.write_bytes(base64.b64decode(data["data"]))
+        return path
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    if CHROMIUM is None or connect is None:
+        missing = "chromium (apt-get install chromium)" if CHROMIUM is None else "websockets"
+        if IN_CI:
+            pytest.fail(f"CI=true but {missing} is missing")
+        pytest.skip(f"{missing} is not installed")
+    profile = tmp_path_factory.mktemp("chromium")
+    argv = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-extensions",
+        "--hide-scrollbars",
+        "--mute-audio",
+        f"--user-data-dir={profile}",
+        "--remote-debugging-address=127.0.0.1",
+        "--remote-debugging-port=0",
+        "--window-size=1366,860",
+        "about:blank",
+    ]
+    log = open(profile / "chromium.log", "wb")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        # Port 0: Chromium picks a free port and writes it to DevToolsActivePort.
+        active = profile / "DevToolsActivePort"
+        wait_for(
+            lambda: active.exists() and active.read_text().count("\n") >= 1,
+            30,
+            what="chromium DevTools port",
+        )
+        port = int(active.read_text().splitlines()[0])
+        targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
+        page = next(t for t in targets if t["type"] == "page")
+        with connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10) as socket:
+            tab = Browser(socket)
+            tab.call("Page.enable")
+            yield tab
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        log.close()
+
+
+def _rows(tab: Browser) -> dict[str, dict[str, str]]:
+    rows = tab.evaluate(
+        "Array.from(document.querySelectorAll('tr[data-run-id]')).map(r => [r.dataset.runId,"
+        " Array.from(r.cells).map(c => c.innerText.trim())])"
+    )
+    return {
+        run_id: dict(
+            zip(
+                ("run", "workflow", "status", "health", "age", "deadline", "stop"),
+                cells,
+                strict=True,
+            )
+        )
+        for run_id, cells in rows
+    }
+
+
+def test_dashboard_lists_runs_and_its_cancel_button_cancels(
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+) -> None:
+    from tests.e2e.conftest import make_token
+
+    token = make_token(stack, owner, "browser")
+    cancelled = orch.launch(scripted([["running"]], name="cancelled <b>early</b>"), owner=owner)
+    running = orch.launch(scripted([["running"]], name="summarise-tickets"), owner=owner)
+    wait_for(lambda: orch.get(running.id, owner=owner).status == "running", 20, what="running")
+    orch.cancel(cancelled.id, owner=owner)
+    other = orch.launch(scripted([["completed"]], name="not yours"), owner=owner + "-other")
+
+    browser.open(f"{api.url}/dashboard")
+    assert browser.evaluate("location.pathname") == "/dashboard/login"
+    browser.type_into("input[name=token]", token)
+    browser.mark()
+    browser.click("button[type=submit].btn-primary")
+    browser.loaded()
+    assert browser.evaluate("location.pathname") == "/dashboard"
+
+    rows = _rows(browser)
+    assert set(rows) == {running.id, cancelled.id}, rows
+    assert other.id not in rows
+    assert (rows[running.id]["status"], rows[running.id]["health"]) == ("running", "working")
+    assert rows[running.id]["deadline"] != "-"
+    assert (rows[cancelled.id]["status"], rows[cancelled.id]["health"]) == ("cancelled", "ended")
+    assert rows[cancelled.id]["stop"] == "cancel_requested"
+    # User-controlled text is escaped, not markup.
+    assert rows[cancelled.id]["workflow"] == "cancelled <b>early</b>"
+    assert browser.evaluate("document.querySelectorAll('tr[data-run-id] b').length") == 0
+    browser.screenshot("dashboard-runs.png")
+
+    browser.open(f"{api.url}/dashboard?status=running")
+    assert set(_rows(browser)) == {running.id}
+    browser.open(f"{api.url}/dashboard?health=ended")
+    assert set(_rows(browser)) == {cancelled.id}
+
+    page = f"{api.url}/dashboard/runs/{running.id}"
+    browser.open(page)
+    assert browser.evaluate("document.getElementById('run-status').innerText") == "running"
+    assert running.id in browser.evaluate("document.getElementById('explain').innerText")
+    browser.screenshot("dashboard-run-running.png")
+    browser.mark()
+    browser.click("#cancel")
+    browser.loaded()
+    assert browser.evaluate("location.pathname") == f"/dashboard/runs/{running.id}"
+    assert browser.evaluate("document.getElementById('run-status').innerText") == "cancelled"
+    record = orch.get(running.id, owner=owner)
+    assert (record.status, record.stop_reason) == ("cancelled", "cancel_requested")
+    assert "cancelled by the caller" in browser.evaluate("document.body.innerText")
+    assert browser.evaluate("document.getElementById('cancel')") is None
+    browser.screenshot("dashboard-run-cancelled.png")
+
+    browser.open(f"{api.url}/dashboard/runs/{other.id}")
+    assert "Not found" in browser.evaluate("document.body.innerText")
+
+
+def test_cancel_form_without_the_csrf_value_is_refused(
+    api: ApiServer, worker: ManagedProcess, stack: Stack, orch: Orchestrator, owner: str
+) -> None:
+    from tests.e2e.conftest import make_token
+
+    token = make_token(stack, owner)
+    run = orch.launch(scripted([["running"]]), owner=owner)
+    with httpx.Client(base_url=api.url, cookies={"orch_token": token}) as client:
+        forged = client.post(f"/dashboard/runs/{run.id}/cancel", data={"csrf": "guess"})
+        assert forged.status_code == 403
+        assert orch.get(run.id, owner=owner).status != "cancelled"
+        wrong = client.post("/dashboard/login", data={"token": "orch_nope"})
+        assert wrong.status_code == 401 and "unknown or revoked token" in wrong.text
+    orch.cancel(run.id, owner=owner)

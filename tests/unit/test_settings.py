@@ -1,0 +1,168 @@
+"""Settings: defaults, the consistency of the bounds, and the errors a misconfiguration gives."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError as PydanticValidationError
+
+from orchestration.errors import ConfigurationError
+from orchestration.settings import MARGIN_SECONDS, Settings, load_settings
+from orchestration.states import ParkReason
+from tests.unit.support import PROPERTY
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``ORCH_*`` variable from the developer's shell leaks into these tests."""
+    for name in list(os.environ):
+        if name.upper().startswith("ORCH_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_load_and_are_consistent() -> None:
+    settings = load_settings()
+    assert settings == Settings()
+    assert settings.database_url.startswith("sqlite:///")
+    assert settings.heartbeat_timeout > (
+        settings.max_poll_interval_limit + settings.provider_timeout + MARGIN_SECONDS
+    )
+    assert settings.visibility_timeout > 2 * settings.heartbeat_timeout
+    assert settings.effect_policy == "fail"
+    assert settings.scripted_url is None
+
+
+def test_environment_variables_are_read_with_the_orch_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ORCH_MAX_REARMS", "7")
+    monkeypatch.setenv("ORCH_EFFECT_POLICY", "continue")
+    monkeypatch.setenv("MAX_REARMS", "99")  # unprefixed: ignored
+    settings = load_settings()
+    assert (settings.max_rearms, settings.effect_policy) == (7, "continue")
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings()
+    with pytest.raises(PydanticValidationError):
+        settings.max_rearms = 9  # type: ignore[misc]
+
+
+_GAP = 30.0 + 10.0 + MARGIN_SECONDS  # default poll limit + provider timeout + margin
+
+
+@pytest.mark.parametrize(
+    ("overrides", "variable"),
+    [
+        ({"heartbeat_timeout": _GAP}, "ORCH_HEARTBEAT_TIMEOUT"),
+        ({"heartbeat_timeout": 5.0}, "ORCH_HEARTBEAT_TIMEOUT"),
+        ({"max_poll_interval_limit": 60.0}, "ORCH_MAX_POLL_INTERVAL_LIMIT"),
+        ({"provider_timeout": 50.0}, "ORCH_PROVIDER_TIMEOUT"),
+        ({"visibility_timeout": 120.0}, "ORCH_VISIBILITY_TIMEOUT"),
+        ({"visibility_timeout": 100.0}, "ORCH_VISIBILITY_TIMEOUT"),
+        ({"heartbeat_timeout": 1800.0}, "ORCH_VISIBILITY_TIMEOUT"),
+    ],
+)
+def test_inconsistent_bounds_are_refused(overrides: dict[str, float], variable: str) -> None:
+    with pytest.raises(PydanticValidationError) as caught:
+        Settings(**overrides)  # type: ignore[arg-type]
+    assert variable in str(caught.value)
+
+
+def test_bounds_just_inside_the_limits_are_accepted() -> None:
+    settings = Settings(heartbeat_timeout=_GAP + 0.001, visibility_timeout=2 * _GAP + 0.01)
+    assert settings.heartbeat_timeout == pytest.approx(_GAP + 0.001)
+
+
+_SECONDS = st.floats(min_value=0.001, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+@PROPERTY
+@given(heartbeat=_SECONDS, poll_limit=_SECONDS, provider=_SECONDS, visibility=_SECONDS)
+def test_settings_load_exactly_when_the_bounds_are_consistent(
+    heartbeat: float, poll_limit: float, provider: float, visibility: float
+) -> None:
+    consistent = heartbeat > poll_limit + provider + MARGIN_SECONDS and visibility > 2 * heartbeat
+    try:
+        Settings(
+            heartbeat_timeout=heartbeat,
+            max_poll_interval_limit=poll_limit,
+            provider_timeout=provider,
+            visibility_timeout=visibility,
+        )
+    except PydanticValidationError as exc:
+        assert not consistent, exc
+        assert re.search(r"ORCH_(HEARTBEAT|VISIBILITY)_TIMEOUT", str(exc))
+    else:
+        assert consistent
+
+
+@pytest.mark.parametrize(
+    ("environment", "variable"),
+    [
+        ({"ORCH_HEARTBEAT_TIMEOUT": "42"}, "ORCH_HEARTBEAT_TIMEOUT"),
+        ({"ORCH_MAX_POLL_INTERVAL_LIMIT": "100"}, "ORCH_MAX_POLL_INTERVAL_LIMIT"),
+        ({"ORCH_PROVIDER_TIMEOUT": "100"}, "ORCH_PROVIDER_TIMEOUT"),
+        ({"ORCH_VISIBILITY_TIMEOUT": "119"}, "ORCH_VISIBILITY_TIMEOUT"),
+    ],
+)
+def test_load_settings_turns_inconsistency_into_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], variable: str
+) -> None:
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert variable in str(caught.value)
+    assert caught.value.code == "configuration_error"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ORCH_HEARTBEAT_TIMEOUT", "abc"),
+        ("ORCH_MAX_REARMS", "-1"),
+        ("ORCH_EFFECT_ATTEMPTS", "0"),
+        ("ORCH_EFFECT_POLICY", "retry"),
+        ("ORCH_SWEEP_INTERVAL", "0"),
+    ],
+)
+def test_load_settings_turns_a_bad_value_into_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert name in str(caught.value), "the error names the variable the user set"
+
+
+def test_each_park_reason_has_its_own_budget() -> None:
+    settings = Settings(
+        park_budget_human=1.0,
+        park_budget_engine_limit=2.0,
+        park_budget_platform_interrupt=3.0,
+        park_budget_default=4.0,
+    )
+    assert [settings.park_budget(reason) for reason in ParkReason] == [1.0, 2.0, 3.0]
+    assert settings.park_budget(None) == 4.0
+    assert settings.park_budget("something-else") == 4.0
+
+
+def test_every_setting_is_documented() -> None:
+    doc = ROOT / "docs" / "configuration.md"
+    if not doc.exists():
+        pytest.skip("docs/configuration.md does not exist yet")
+    body = doc.read_text(encoding="utf-8")
+    missing = [
+        f"ORCH_{name.upper()}"
+        for name in Settings.model_fields
+        if not re.search(rf"\bORCH_{name.upper()}\b", body)
+    ]
+    assert not missing, f"docs/configuration.md does not document {missing}"
