@@ -98,3 +98,21 @@ def _client_app(settings: Settings) -> Celery:
 def client_dispatcher(settings: Settings) -> CeleryDispatcher:
     """A dispatcher for processes that only send (web apps, the CLI)."""
     return CeleryDispatcher(_client_app(settings), settings)
+
+
+class DuplicatingDispatcher:
+    """Sends every chain twice: a duplicate delivery on purpose, over the real broker.
+
+    For rehearsals and conformance runs (the chaos suite, the tests): a deployment must start
+    one provider turn per (run, step, attempt) however often Celery delivers a step task.
+    """
+
+    def __init__(self, inner: Dispatcher) -> None:
+        self.inner = inner
+
+    def send_chain(self, plan: ChainPlan) -> None:
+        self.inner.send_chain(plan)
+        self.inner.send_chain(plan)
+
+    def revoke(self, task_ids: list[str], *, terminate: bool) -> None:
+        self.inner.revoke(task_ids, terminate=terminate)

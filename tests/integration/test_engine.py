@@ -11,13 +11,14 @@ import pytest
 from sqlalchemy import func, select
 
 from orchestration.db import session_scope
-from orchestration.dispatch import ChainPlan, client_dispatcher
+from orchestration.dispatch import DuplicatingDispatcher, client_dispatcher
 from orchestration.errors import IdempotencyConflict, RunNotFound, ValidationError
 from orchestration.models import Run, RunEvent, Step
 from orchestration.processes import ManagedProcess, start_worker
-from orchestration.service import Orchestrator, is_terminal
+from orchestration.service import Orchestrator
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
+from tests.support.runs import finished
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +38,6 @@ def step(states: list[list[Any]], **extra: Any) -> dict[str, Any]:
         "with": options,
         **extra,
     }
-
-
-def finished(orch: Orchestrator, run_id: str, owner: str, timeout: float = 30) -> Any:
-    return wait_for(
-        lambda: (r := orch.get(run_id, owner=owner)) and is_terminal(r) and r,
-        timeout,
-        what=f"run {run_id} terminal",
-    )
 
 
 def test_step_that_settles_idle_completes(
@@ -179,24 +172,10 @@ def test_cancel_before_the_first_step_starts(
     assert orch.get(run.id, owner=owner).status == "cancelled"
 
 
-class _Twice:
-    """Sends every chain twice over the real broker: a duplicate delivery."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def send_chain(self, plan: ChainPlan) -> None:
-        self.inner.send_chain(plan)
-        self.inner.send_chain(plan)
-
-    def revoke(self, task_ids: list[str], *, terminate: bool) -> None:
-        self.inner.revoke(task_ids, terminate=terminate)
-
-
 def test_duplicate_delivery_starts_one_turn(
     worker: ManagedProcess, stack: Stack, owner: str
 ) -> None:
-    orch = Orchestrator(stack.settings, _Twice(client_dispatcher(stack.settings)))
+    orch = Orchestrator(stack.settings, DuplicatingDispatcher(client_dispatcher(stack.settings)))
     run = orch.launch(
         flow(step([["running", 0.5], ["completed"]], id="a"), step([["completed"]], id="b")),
         owner=owner,

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from orchestration.processes import ManagedProcess
-from orchestration.records import RunRecord
-from orchestration.service import Orchestrator, is_terminal
+from orchestration.service import Orchestrator
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
 from tests.support.agent_service import AgentService
+from tests.support.runs import finished, terminal_within_deadline
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,6 @@ STATUS_MAP = {
     "stopped": "cancelled",
 }
 #: Slack on ``deadline_at``: the test's own polling, and two processes' clocks.
-DEADLINE_MARGIN = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +78,6 @@ def flow(service: AgentService, task: Any = "hello", **options: Any) -> dict[str
     }
 
 
-def finished(orch: Orchestrator, run_id: str, owner: str, timeout: float = 30) -> RunRecord:
-    record: RunRecord = wait_for(
-        lambda: (r := orch.get(run_id, owner=owner)) and is_terminal(r) and r,
-        timeout,
-        what=f"run {run_id} terminal",
-    )
-    return record
-
-
 def test_step_completes_with_the_services_answer(
     service: AgentService, worker: ManagedProcess, orch: Orchestrator, owner: str
 ) -> None:
@@ -114,34 +104,6 @@ def test_status_word_not_in_the_map_fails_the_step_naming_it(
         assert "said 'exploded', which status_map does not know" in (error or ""), error
         assert "known words: done, failed, queued, stopped, waiting, working" in (error or "")
     assert done.steps[0].status == "failed"
-
-
-def terminal_within_deadline(
-    orch: Orchestrator, run_id: str, owner: str, timeout: float
-) -> tuple[RunRecord, list[tuple[str, str | None]]]:
-    """Poll until terminal; the run must end by the last ``deadline_at`` it showed while live.
-
-    Returns the terminal record and the (status, park_reason) pairs seen on the way.
-    """
-    seen: list[tuple[str, str | None]] = []
-    last_live: RunRecord | None = None
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        record = orch.get(run_id, owner=owner)
-        if (record.status, record.park_reason) not in seen:
-            seen.append((record.status, record.park_reason))
-        if is_terminal(record):
-            assert last_live is not None and last_live.deadline_at is not None
-            assert record.finished_at is not None
-            late = (record.finished_at - last_live.deadline_at).total_seconds()
-            assert late <= DEADLINE_MARGIN, (
-                f"ended {late:.1f}s after deadline_at {last_live.deadline_at} "
-                f"(last live: {last_live.status}/{last_live.park_reason}); seen {seen}"
-            )
-            return record, seen
-        last_live = record
-        time.sleep(0.1)
-    pytest.fail(f"run {run_id} not terminal within {timeout}s; seen {seen}")
 
 
 def test_hanging_service_parks_the_run_then_its_budget_ends_it(

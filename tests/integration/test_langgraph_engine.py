@@ -8,21 +8,20 @@ by the module; the crash test kills and restarts it, so it runs last.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from orchestration.dispatch import ChainPlan, client_dispatcher
+from orchestration.dispatch import DuplicatingDispatcher, client_dispatcher
 from orchestration.processes import ManagedProcess
 from orchestration.providers.langgraph import KEY_FIELD, thread_id
-from orchestration.records import RunRecord
 from orchestration.service import Orchestrator, is_terminal
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
 from tests.support.langgraph_server import LangGraphServer, available
+from tests.support.runs import finished, terminal_within_deadline
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +34,6 @@ if not available() and os.environ.get("CI") != "true":
 #: A platform park outlives a server restart (``langgraph dev`` takes a few seconds to answer).
 STACK_SETTINGS = {"ORCH_PARK_BUDGET_PLATFORM_INTERRUPT": "20"}
 #: Slack on ``deadline_at``: the test's own polling, and two processes' clocks.
-DEADLINE_MARGIN = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +67,6 @@ def step(
 def slow(seconds: float) -> dict[str, Any]:
     """The ``answer`` graph's config that makes it sleep before answering."""
     return {"configurable": {"delay": seconds}}
-
-
-def finished(orch: Orchestrator, run_id: str, owner: str, timeout: float = 30) -> RunRecord:
-    record: RunRecord = wait_for(
-        lambda: (r := orch.get(run_id, owner=owner)) and is_terminal(r) and r,
-        timeout,
-        what=f"run {run_id} terminal",
-    )
-    return record
 
 
 def server_runs(server: LangGraphServer, key: str) -> list[dict[str, Any]]:
@@ -179,24 +168,10 @@ def test_cancel_interrupts_the_server_side_run(
     assert [r["run_id"] for r in server_runs(server, key)] == [lg_run]
 
 
-class _Twice:
-    """Sends every chain twice over the real broker: a duplicate delivery."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def send_chain(self, plan: ChainPlan) -> None:
-        self.inner.send_chain(plan)
-        self.inner.send_chain(plan)
-
-    def revoke(self, task_ids: list[str], *, terminate: bool) -> None:
-        self.inner.revoke(task_ids, terminate=terminate)
-
-
 def test_tasks_delivered_twice_start_one_server_run_per_attempt(
     server: LangGraphServer, worker: ManagedProcess, stack: Stack, owner: str
 ) -> None:
-    twice = Orchestrator(stack.settings, _Twice(client_dispatcher(stack.settings)))
+    twice = Orchestrator(stack.settings, DuplicatingDispatcher(client_dispatcher(stack.settings)))
     run = twice.launch(
         flow(
             step(server, "answer", "first", id="a", config=slow(1)),
@@ -221,34 +196,6 @@ def test_tasks_delivered_twice_start_one_server_run_per_attempt(
     runs_b = server_runs(server, second.idempotency_key or "")
     keys_b = sorted(r["metadata"][KEY_FIELD] for r in runs_b)
     assert keys_b == [f"{run.id}:b:1", f"{run.id}:b:2"], runs_b
-
-
-def terminal_within_deadline(
-    orch: Orchestrator, run_id: str, owner: str, timeout: float
-) -> tuple[RunRecord, list[tuple[str, str | None]]]:
-    """Poll until terminal; the run must end by the last ``deadline_at`` it showed while live.
-
-    Returns the terminal record and the (status, park_reason) pairs seen on the way.
-    """
-    seen: list[tuple[str, str | None]] = []
-    last_live: RunRecord | None = None
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        record = orch.get(run_id, owner=owner)
-        if (record.status, record.park_reason) not in seen:
-            seen.append((record.status, record.park_reason))
-        if is_terminal(record):
-            assert last_live is not None and last_live.deadline_at is not None
-            assert record.finished_at is not None
-            late = (record.finished_at - last_live.deadline_at).total_seconds()
-            assert late <= DEADLINE_MARGIN, (
-                f"ended {late:.1f}s after deadline_at {last_live.deadline_at} "
-                f"(last live: {last_live.status}/{last_live.park_reason}); seen {seen}"
-            )
-            return record, seen
-        last_live = record
-        time.sleep(0.1)
-    pytest.fail(f"run {run_id} not terminal within {timeout}s; seen {seen}")
 
 
 def test_server_killed_mid_step_parks_then_the_run_ends_by_its_deadline(
