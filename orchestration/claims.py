@@ -17,12 +17,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestration import deadlines, turns
-from orchestration.db import after_commit
+from orchestration.db import after_commit, utcnow
 from orchestration.errors import ConflictError
 from orchestration.health import derive
 from orchestration.models import Run
 from orchestration.settings import Settings
 from orchestration.states import Health, RunStatus, StopReason
+from orchestration.transitions import lock_run
 
 if TYPE_CHECKING:
     from orchestration.dispatch import Dispatcher
@@ -110,6 +111,7 @@ def _stop_later(
     session: Session, settings: Settings, dispatcher: Dispatcher | None, run: Run
 ) -> None:
     """After the ending commits, revoke the run's tasks and cancel its provider turns."""
+    lock_run(session, run.id, utcnow())
     task_ids = list(run.task_ids)
     live = turns.live_turns(session, run)
 

@@ -43,7 +43,7 @@ from orchestration.states import (
     StepStatus,
     StopReason,
 )
-from orchestration.transitions import touch_run, transition_run, transition_step
+from orchestration.transitions import lock_run, touch_run, transition_run, transition_step
 
 LOG = logging.getLogger(__name__)
 SWEEPER_NAME = "default"
@@ -161,7 +161,8 @@ class Sweeper:
         """Close the run if ``still`` holds for its fresh, locked row (the pass read a snapshot;
         a step may have moved the run since). Returns whether it closed it."""
         with session_scope(self.settings.database_url) as session:
-            current = session.get(Run, run.id, with_for_update=True, populate_existing=True)
+            lock_run(session, run.id, now)
+            current = session.get(Run, run.id, populate_existing=True)
             if current is None or current.status in RUN_TERMINAL or not still(current):
                 return False
             live = turns.live_turns(session, current)

@@ -170,6 +170,16 @@ def touch_run(session: Session, run_id: str, now: datetime, **values: Any) -> bo
     return bool(done.rowcount == 1)  # type: ignore[attr-defined]
 
 
+def lock_run(session: Session, run_id: str, now: datetime) -> bool:
+    """Take the run row's write lock for the rest of the transaction; ``False`` if terminal.
+
+    An UPDATE, not ``SELECT … FOR UPDATE``: SQLite ignores the latter, and a step that is
+    starting a provider turn holds this lock until the turn is recorded, so whoever takes it
+    next sees the started step (and its turn to cancel).
+    """
+    return touch_run(session, run_id, now)
+
+
 def touch_step(session: Session, step: Step, now: datetime, **values: Any) -> bool:
     """Write non-status columns of a live step; ``False`` when the step is terminal."""
     done = session.execute(

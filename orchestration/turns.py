@@ -46,6 +46,7 @@ def live_turns(session: Session, run: Run) -> list[LiveTurn]:
             Step.run_id == run.id,
             Step.status.in_([StepStatus.RUNNING.value, StepStatus.PARKED.value]),
         )
+        .execution_options(populate_existing=True)
     ).all()
     return [LiveTurn(step.provider, ref_for(run, step)) for step in steps if step.idempotency_key]
 
