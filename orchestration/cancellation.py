@@ -68,6 +68,7 @@ def finish(
     stop_reason: StopReason,
     cause: str,
     revoke: bool,
+    lock_timeout: float | None = None,
 ) -> bool:
     """Stop the run's tasks and provider turns and write the terminal ``cancelled`` rows.
 
@@ -84,7 +85,7 @@ def finish(
     errors = turns.stop(settings, live)
     note = f"; provider cancel errors: {'; '.join(errors)}" if errors else ""
     try:
-        with session_scope(settings.database_url) as session:
+        with session_scope(settings.database_url, lock_timeout=lock_timeout) as session:
             close_run(
                 session,
                 settings,

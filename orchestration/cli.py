@@ -276,14 +276,14 @@ def explain(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
 @app.command()
 def sweep(as_json: AsJson = False) -> None:
     """Run one sweeper pass now (beat does this every ORCH_SWEEP_INTERVAL)."""
-    from orchestration.db import check_ready, utcnow
+    from orchestration.db import check_ready
     from orchestration.dispatch import client_dispatcher
     from orchestration.sweeper import Sweeper
 
     settings = get_settings()
     try:
         check_ready(settings.database_url)
-        report = Sweeper(settings, client_dispatcher(settings)).sweep(utcnow())
+        report = Sweeper(settings, client_dispatcher(settings)).sweep()
     except OrchestrationError as exc:
         _fail(exc, as_json)
     if as_json:

@@ -15,7 +15,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -83,15 +83,19 @@ def after_commit(session: Session, action: Callable[[], object]) -> None:
 
 
 @contextmanager
-def session_scope(url: str) -> Iterator[Session]:
+def session_scope(url: str, *, lock_timeout: float | None = None) -> Iterator[Session]:
     """A session whose transaction commits when the block ends and rolls back on error.
 
     Actions registered with :func:`after_commit` run after a successful commit; their errors
-    are logged, never raised: what they do is recovered by the sweeper.
+    are logged, never raised: what they do is recovered by the sweeper. ``lock_timeout``
+    (seconds, PostgreSQL) makes a write that waits on a locked row fail instead of waiting:
+    the sweeper uses it so that one frozen worker cannot hold up every run.
     """
-    get_engine(url)
+    engine = get_engine(url)
     session = _FACTORIES[normalize_url(url)]()
     try:
+        if lock_timeout is not None and engine.dialect.name == "postgresql":
+            session.execute(text(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'"))
         yield session
         session.commit()
     except BaseException:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from orchestration.settings import MARGIN_SECONDS, Settings
+from orchestration.settings import MARGIN_SECONDS, Settings, lock_release_seconds
 from orchestration.states import ParkReason, RunStatus
 
 
@@ -35,6 +35,15 @@ def heartbeat_expiry(settings: Settings, heartbeat_at: datetime) -> datetime:
     return heartbeat_at + _s(settings.heartbeat_timeout)
 
 
+def slack_seconds(settings: Settings) -> float:
+    """What every deadline adds to the instant its condition becomes true: the sweeper acts
+    within one interval, plus a margin for clocks and queues, plus the time a writer frozen on
+    the run's own row can hold it before the database aborts its transaction."""
+    return (
+        settings.sweep_interval + MARGIN_SECONDS + lock_release_seconds(settings.provider_timeout)
+    )
+
+
 def compute(
     settings: Settings,
     status: RunStatus,
@@ -51,7 +60,7 @@ def compute(
     Each bound is when the sweeper's condition for that state becomes true; the sweeper acts
     within one interval after it, plus a margin for clocks and queues.
     """
-    slack = _s(settings.sweep_interval + MARGIN_SECONDS)
+    slack = _s(slack_seconds(settings))
     alive_until = heartbeat_expiry(settings, heartbeat_at)
     if status is RunStatus.CANCELLING and cancel_requested_at is not None:
         grace_until = cancel_requested_at + _s(settings.cancel_grace)

@@ -7,11 +7,12 @@ a heartbeat timeout that a live step could outlast between two stamps.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
 from orchestration.errors import ConfigurationError
 
@@ -86,6 +87,24 @@ class Settings(BaseSettings):
     #: :func:`orchestration.providers.scripted.store_url`).
     scripted_url: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _postgres_guard(cls, data: Any) -> Any:
+        """On PostgreSQL, let the server abort a transaction left idle longer than
+        :func:`lock_release_seconds` (a worker frozen mid-transaction would otherwise hold its
+        run's row until it wakes). A URL that sets its own ``options`` is left alone."""
+        if not isinstance(data, dict) or "database_url" not in data:
+            return data
+        url = make_url(str(data["database_url"]))
+        if not url.drivername.startswith("postgres") or "options" in url.query:
+            return data
+        provider = data.get("provider_timeout", cls.model_fields["provider_timeout"].default)
+        seconds = lock_release_seconds(float(provider))
+        guarded = url.update_query_dict(
+            {"options": f"-c idle_in_transaction_session_timeout={int(seconds * 1000)}"}
+        )
+        return {**data, "database_url": guarded.render_as_string(hide_password=False)}
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         # One execution of a step task lasts at most one provider call or one webhook call.
@@ -120,6 +139,14 @@ class Settings(BaseSettings):
             "engine_limit": self.park_budget_engine_limit,
             "platform_interrupt": self.park_budget_platform_interrupt,
         }.get(reason or "", self.park_budget_default)
+
+
+def lock_release_seconds(provider_timeout: float) -> float:
+    """The longest a frozen writer holds a run's row on PostgreSQL before the server aborts its
+    transaction. A step legitimately idles in a transaction for one provider start call (it
+    holds the run row so that a cancel cannot slip in), so the bound is that call plus margin.
+    """
+    return provider_timeout + MARGIN_SECONDS
 
 
 def load_settings() -> Settings:

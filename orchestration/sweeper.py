@@ -25,12 +25,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from orchestration import cancellation, claims, deadlines, health, launching, turns
 from orchestration.closing import close_run
-from orchestration.db import after_commit, session_scope
+from orchestration.db import after_commit, session_scope, utcnow
 from orchestration.dispatch import Dispatcher
 from orchestration.errors import IllegalTransition
 from orchestration.models import Run, Step, SweeperBeat
@@ -52,15 +52,31 @@ SWEEPER_NAME = "default"
 class Sweeper:
     """One sweeper; :meth:`sweep` is one pass."""
 
-    def __init__(self, settings: Settings, dispatcher: Dispatcher | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        dispatcher: Dispatcher | None,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
+        self.clock = clock
+        #: How long a sweeper write waits on a locked row before it skips that run for this
+        #: pass (PostgreSQL): a worker frozen mid-transaction must not hold up every run.
+        self.lock_timeout = min(2.0, settings.sweep_interval)
 
-    def sweep(self, now: datetime) -> dict[str, Any]:
-        """One pass at ``now``; returns counts of what it did (``orchestration sweep --json``)."""
+    def sweep(self, now: datetime | None = None) -> dict[str, Any]:
+        """One pass; returns counts of what it did (``orchestration sweep --json``).
+
+        With ``now`` (tests), every run is judged at that instant. Without it, each run is
+        judged at the clock's time when the pass reaches it, so a pass that was delayed never
+        writes a stale time.
+        """
         started = time.perf_counter()
+        at = now or self.clock()
         report: dict[str, Any] = {
-            "at": now.isoformat(),
+            "at": at.isoformat(),
             "live": 0,
             "cancels_enforced": 0,
             "promoted": 0,
@@ -68,6 +84,7 @@ class Sweeper:
             "rearmed": 0,
             "interrupted": 0,
             "deadlines_exceeded": 0,
+            "busy": 0,
             "errors": 0,
         }
         with session_scope(self.settings.database_url) as session:
@@ -78,9 +95,13 @@ class Sweeper:
         report["live"] = len(live)
         for run in live:
             try:
-                action = self._one(run, now)
+                action = self._one(run, now or self.clock())
             except (IllegalTransition, IntegrityError):
                 action = None  # another writer (a step, a second beat) got there first
+            except OperationalError:
+                # The row stayed locked past the lock timeout (a frozen writer, whose
+                # transaction the server aborts after the heartbeat timeout): next pass.
+                action = "busy"
             except Exception:
                 LOG.exception("sweeper failed on run %s", run.id)
                 report["errors"] += 1
@@ -88,7 +109,7 @@ class Sweeper:
             if action:
                 report[action] += 1
         report["seconds"] = round(time.perf_counter() - started, 4)
-        self._stamp(now, report)
+        self._stamp(now or self.clock(), report)
         return report
 
     def _one(self, run: Run, now: datetime) -> str | None:
@@ -107,6 +128,7 @@ class Sweeper:
                     stop_reason=StopReason.CANCEL_ENFORCED,
                     cause="cancel enforced by the sweeper: grace over and heartbeat dead",
                     revoke=True,
+                    lock_timeout=self.lock_timeout,
                 )
                 return "cancels_enforced" if done else None
             return None
@@ -160,7 +182,7 @@ class Sweeper:
     ) -> bool:
         """Close the run if ``still`` holds for its fresh, locked row (the pass read a snapshot;
         a step may have moved the run since). Returns whether it closed it."""
-        with session_scope(self.settings.database_url) as session:
+        with session_scope(self.settings.database_url, lock_timeout=self.lock_timeout) as session:
             lock_run(session, run.id, now)
             current = session.get(Run, run.id, populate_existing=True)
             if current is None or current.status in RUN_TERMINAL or not still(current):
@@ -188,13 +210,21 @@ class Sweeper:
         return True
 
     def _rearm(self, run: Run, now: datetime) -> bool:
-        """Re-dispatch the run's chain from its current step; exclusive via the re-arm count."""
-        with session_scope(self.settings.database_url) as session:
+        """Re-dispatch the run's chain from its current step. A compare-and-set on the re-arm
+        count and on the heartbeat this pass saw: a second beat, or a step that stamped the
+        run since the pass read it, makes this a no-op."""
+        seen_beat = (
+            Run.heartbeat_at.is_(None)
+            if run.heartbeat_at is None
+            else Run.heartbeat_at == run.heartbeat_at
+        )
+        with session_scope(self.settings.database_url, lock_timeout=self.lock_timeout) as session:
             claimed = session.execute(
                 update(Run)
                 .where(
                     Run.id == run.id,
                     Run.rearms == run.rearms,
+                    seen_beat,
                     Run.status.in_([s.value for s in RUN_LIVE]),
                 )
                 .values(rearms=run.rearms + 1, heartbeat_at=now, updated_at=now)
@@ -235,7 +265,7 @@ class Sweeper:
     def _queued_behind(self, run: Run, now: datetime) -> str | None:
         """Refresh the deadline of a run waiting for its key; promote it if the key is free."""
         assert run.concurrency_key is not None
-        with session_scope(self.settings.database_url) as session:
+        with session_scope(self.settings.database_url, lock_timeout=self.lock_timeout) as session:
             holder = claims.holder(session, run.owner, run.concurrency_key)
             if holder is not None:
                 touch_run(
@@ -281,9 +311,11 @@ class Sweeper:
             self._write_stamp(now, report)
         except IntegrityError:
             self._write_stamp(now, report)  # a second beat inserted the row first
+        except OperationalError:
+            LOG.warning("sweeper liveness row is locked; the next pass stamps it")
 
     def _write_stamp(self, now: datetime, report: dict[str, Any]) -> None:
-        with session_scope(self.settings.database_url) as session:
+        with session_scope(self.settings.database_url, lock_timeout=self.lock_timeout) as session:
             beat = session.get(SweeperBeat, SWEEPER_NAME, with_for_update=True)
             if beat is None:
                 session.add(

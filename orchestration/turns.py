@@ -42,7 +42,8 @@ def live_turns(session: Session, run: Run) -> list[LiveTurn]:
     """Turns of the run's started, unfinished steps (a claimed start counts: the start call may
     have reached the provider even if its id was never recorded)."""
     steps = session.scalars(
-        select(Step).where(
+        select(Step)
+        .where(
             Step.run_id == run.id,
             Step.status.in_([StepStatus.RUNNING.value, StepStatus.PARKED.value]),
         )

@@ -13,20 +13,20 @@ from orchestration import deadlines, health
 from orchestration.explain import explain
 from orchestration.models import Run
 from orchestration.records import to_record
-from orchestration.settings import MARGIN_SECONDS, Settings
+from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, RUN_TERMINAL, Health, ParkReason, RunStatus
 from tests.unit.support import PROPERTY, T0, make_settings, s
 
 
 @pytest.fixture
 def bounds(tmp_path: Path) -> Settings:
-    """heartbeat 8 s, sweep 1 s (slack 3 s), grace 2 s; budgets human 100, engine 50,
+    """heartbeat 8 s, sweep 1 s, provider 3 s (slack 8 s), grace 2 s; budgets human 100, engine 50,
     platform 30, default 40."""
     return make_settings(tmp_path)
 
 
 def slack(settings: Settings) -> float:
-    return settings.sweep_interval + MARGIN_SECONDS
+    return deadlines.slack_seconds(settings)
 
 
 def _run(status: RunStatus, **values: object) -> Run:

@@ -281,7 +281,8 @@ def test_turns_are_stored_beside_the_database_by_default(tmp_path: Path) -> None
     settings = make_settings(tmp_path, scripted_url=None)
     assert store_url(settings) == f"sqlite:///{tmp_path / 't.scripted.db'}"
     postgres = Settings(database_url="postgresql://u:p@db/orch")
-    assert store_url(postgres) == "postgresql://u:p@db/orch"
+    assert store_url(postgres) == postgres.database_url
+    assert postgres.database_url.startswith("postgresql://u:p@db/orch?options=")
     explicit = make_settings(tmp_path, scripted_url="sqlite:///elsewhere.db")
     assert store_url(explicit) == "sqlite:///elsewhere.db"
 

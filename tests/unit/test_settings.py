@@ -166,3 +166,12 @@ def test_every_setting_is_documented() -> None:
         if not re.search(rf"\bORCH_{name.upper()}\b", body)
     ]
     assert not missing, f"docs/configuration.md does not document {missing}"
+
+
+def test_postgres_connections_abort_transactions_left_idle_past_the_heartbeat() -> None:
+    # A worker frozen mid-transaction must not hold its run's row forever (chaos finding A).
+    guarded = Settings(database_url="postgresql://u@db/orch", provider_timeout=7)
+    assert "idle_in_transaction_session_timeout%3D9000" in guarded.database_url
+    own = "postgresql://u@db/orch?options=-c%20statement_timeout%3D5000"
+    assert Settings(database_url=own).database_url == own
+    assert Settings(database_url="sqlite:///x.db").database_url == "sqlite:///x.db"

@@ -335,7 +335,7 @@ def test_input_required_parks_for_a_human_and_halts(settings: Settings, clock: C
     run = run_row(settings, run_id)
     assert (run.status, run.park_reason, run.parked_since) == ("parked", "human", clock())
     assert run.deadline_at == clock() + timedelta(
-        seconds=settings.park_budget_human + settings.sweep_interval + 2
+        seconds=settings.park_budget_human + deadlines.slack_seconds(settings)
     )
     [step] = steps_of(settings, run_id)
     assert (step.status, step.prompt) == ("parked", "which one?")

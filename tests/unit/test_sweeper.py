@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from orchestration import cancellation, claims
+from orchestration import cancellation, claims, deadlines
 from orchestration.closing import close_run
 from orchestration.db import session_scope
 from orchestration.models import Run, SweeperBeat
@@ -316,7 +316,7 @@ def test_a_stalled_run_past_its_deadline_is_rearmed_not_closed(
 ) -> None:
     # A dead heartbeat is the re-arm pass's to handle; the deadline pass is only a backstop.
     run_id = _started(settings)
-    now = _dead(settings, T0) + s(settings.sweep_interval + 2)
+    now = _dead(settings, T0) + s(deadlines.slack_seconds(settings))
     run = run_row(settings, run_id)
     assert run.deadline_at is not None and now > run.deadline_at
     report = sweeper.sweep(now)
