@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint chaos bench ci
+.PHONY: install demo test lint chaos chaos-ci bench ci
 
 $(VENV)/bin/orchestration:
 	python3 -m venv $(VENV)
@@ -23,7 +23,10 @@ lint: install
 	$(VENV)/bin/mypy
 
 chaos: install
-	$(PY) -m chaos --runs 300 --report chaos-report.json
+	$(PY) -m chaos --profile full --report chaos-report.json --doc docs/reliability.md
+
+chaos-ci: install
+	$(VENV)/bin/pytest -m chaos tests/chaos
 
 bench: install
 	$(PY) -m bench --report bench-results/report.json

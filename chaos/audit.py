@@ -1,0 +1,501 @@
+"""The figures of a chaos run, read from the database (the truth) and the driver's records.
+
+Must-be-zero figures (any non-zero fails the run):
+
+* ``deadline_misses``: runs that broke a deadline they stated. ``deadline_at`` promises the
+  latest time by which a live run is terminal or re-armed. The trigger journal
+  (``chaos_run_writes``) holds every deadline a run ever stated, when (database clock) and by
+  whom. Each statement must be *answered*, by the next write that changes the run's deadline or
+  status, or by its end, no later than the deadline plus ``TOLERANCE`` plus the time the harness
+  itself froze the fleet in that interval (a broker outage, a trap holding a table). A run still
+  live when the audit starts answers at the audit time. ``worst_lateness_s`` is the largest
+  (answer time - deadline) seen, before any excuse: negative means every promise was kept early.
+* ``terminal_exits``: journal rows whose ``from_status`` is terminal (a run or step left an end).
+* ``turns_duplicated``: provider turns per (run, step, attempt) above one.
+* ``turns_unrecorded_attempt``: turns whose key names an attempt the engine never recorded.
+* ``turns_restarted_unexplained``: ``start_calls`` above one on a run no fault touched. A start
+  repeated after a worker died between the provider's commit and the engine's is legitimate (the
+  provider deduplicates it by key); a repeated start with no fault is not.
+* ``turns_started_after_cancel``: a turn started after the run's cancel request committed, after
+  a cancel call returned, or after the run ended; or a start that hit a cancel's tombstone.
+* ``cancels_returned_nonterminal``: hard cancels that returned a live run.
+* ``runs_lost``: launched runs not in the database, or still live at the end.
+* ``journal_breaks``: a journal row whose ``from_status`` is not the previous row's ``to_status``.
+* ``terminal_runs_with_live_steps``: an ended run with a step that did not end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from chaos.driver import Records
+from chaos.faults import Fault
+from chaos.population import RunPlan
+from orchestration.states import RUN_TERMINAL, STEP_TERMINAL
+
+#: Scheduling and commit slack allowed past a stated deadline (seconds).
+TOLERANCE = 1.0
+
+MUST_BE_ZERO = (
+    "deadline_misses",
+    "terminal_exits",
+    "turns_duplicated",
+    "turns_unrecorded_attempt",
+    "turns_restarted_unexplained",
+    "turns_started_after_cancel",
+    "cancels_returned_nonterminal",
+    "runs_lost",
+    "journal_breaks",
+    "terminal_runs_with_live_steps",
+)
+
+_RUN_END = {status.value for status in RUN_TERMINAL}
+_STEP_END = {status.value for status in STEP_TERMINAL}
+
+
+def percentiles(values: Iterable[float]) -> dict[str, float | int | None]:
+    """Nearest-rank p50, p90, p99 and max of ``values`` (``None`` when empty)."""
+    data = sorted(values)
+    if not data:
+        return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None}
+
+    def rank(p: float) -> float:
+        return round(data[max(0, math.ceil(p / 100 * len(data)) - 1)], 3)
+
+    return {"n": len(data), "p50": rank(50), "p90": rank(90), "p99": rank(99), "max": rank(100)}
+
+
+def _overlap(windows: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of ``[start, end]`` covered by ``windows`` (merged first)."""
+    total = 0.0
+    merged: list[tuple[float, float]] = []
+    for low, high in sorted(windows):
+        if merged and low <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    for low, high in merged:
+        total += max(0.0, min(high, end) - max(low, start))
+    return total
+
+
+@dataclass
+class Write:
+    """One row of the trigger journal."""
+
+    status: str
+    deadline: float | None
+    heartbeat: float | None
+    at: float
+    app: str
+    rearms: int = 0
+
+
+def _ts(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+class Audit:
+    """Reads everything once, then computes the figures."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        records: Records,
+        plans: list[RunPlan],
+        faults: list[Fault],
+        excused: list[tuple[float, float]],
+        ended_at: float,
+    ) -> None:
+        self.records = records
+        self.faults = faults
+        self.excused = excused
+        self.ended_at = ended_at
+        self.scenario = {plan.label: plan.scenario for plan in plans}
+        self.twice = {plan.label for plan in plans if plan.twice}
+        with engine.connect() as connection:
+            self.runs = {row.id: row for row in connection.execute(text("SELECT * FROM runs"))}
+            self.steps = defaultdict(list)
+            for row in connection.execute(text('SELECT * FROM steps ORDER BY run_id, "index"')):
+                self.steps[row.run_id].append(row)
+            self.events = defaultdict(list)
+            for row in connection.execute(text("SELECT * FROM run_events ORDER BY id")):
+                self.events[row.run_id].append(row)
+            self.turns = list(connection.execute(text("SELECT * FROM scripted_turns")).all())
+            self.writes: dict[str, list[Write]] = defaultdict(list)
+            for row in connection.execute(
+                text("SELECT * FROM chaos_run_writes ORDER BY at, id")
+            ).all():
+                self.writes[row.run_id].append(
+                    Write(
+                        row.status,
+                        _ts(row.deadline_at),
+                        _ts(row.heartbeat_at),
+                        float(row.at.timestamp()),
+                        row.app,
+                        int(row.rearms or 0),
+                    )
+                )
+        self.label_of = {run.request_id: run_id for run_id, run in self.runs.items()}
+        self.violations: list[dict[str, Any]] = []
+        self.lateness: list[float] = []
+        self.net_lateness: list[float] = []
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _violation(self, figure: str, run_id: str | None, detail: str) -> None:
+        entry: dict[str, Any] = {"figure": figure, "run_id": run_id, "detail": detail}
+        run = self.runs.get(run_id) if run_id else None
+        if run is not None and run_id is not None:
+            entry["label"] = run.request_id
+            entry["scenario"] = self.scenario.get(run.request_id, "?")
+            entry["status"] = f"{run.status}/{run.stop_reason}"
+            entry["journal"] = [
+                f"{e.at.isoformat()} {e.step_id or 'run'}: {e.from_status} -> {e.to_status} "
+                f"({e.cause})"
+                for e in self.events.get(run_id, [])
+            ]
+            entry["writes"] = [
+                f"{w.at:.3f} {w.status} deadline={w.deadline} heartbeat={w.heartbeat} "
+                f"rearms={w.rearms} by {w.app}"
+                for w in self.writes.get(run_id, [])
+            ][-12:]
+        self.violations.append(entry)
+
+    def launched_ids(self) -> dict[str, str]:
+        """Label -> run id for every launch that returned, and every errored launch that the
+        database shows was written (its caller did not learn the id, the run still counts)."""
+        ids = dict(self.records.launched)
+        for label in self.records.launch_errors:
+            for run_id, run in self.runs.items():
+                if run.request_id == label:
+                    ids[label] = run_id
+        return ids
+
+    # -- figures ----------------------------------------------------------------------------
+    def deadlines(self) -> int:
+        """See the module docstring; returns the number of runs that missed."""
+        missed = 0
+        for run_id, writes in self.writes.items():
+            worst = -math.inf
+            stated = deadline = answer = stated_at = 0.0
+            previous: Write | None = None
+            for write in [*writes, None]:
+                if previous is None:
+                    previous = write
+                    stated_at = write.at if write is not None else 0.0
+                    continue
+                if write is not None and (
+                    write.deadline == previous.deadline and write.status == previous.status
+                ):
+                    continue  # a heartbeat stamp alone neither states nor answers a deadline
+                if previous.status not in _RUN_END and previous.deadline is not None:
+                    answered = write.at if write is not None else self.ended_at
+                    late = answered - previous.deadline
+                    self.lateness.append(late)
+                    excuse = _overlap(self.excused, previous.deadline, answered)
+                    self.net_lateness.append(late - excuse)
+                    if late - excuse > max(TOLERANCE, worst):
+                        worst = late - excuse
+                        stated, deadline, answer = stated_at, previous.deadline, answered
+                previous = write
+                stated_at = write.at if write is not None else 0.0
+            if worst > -math.inf:
+                missed += 1
+                self._violation(
+                    "deadline_misses",
+                    run_id,
+                    f"a deadline stated at {stated:.3f} for {deadline:.3f} was answered at "
+                    f"{answer:.3f}, {worst:.2f}s late (net of excused windows); faults "
+                    f"around it: {self._faults_near(stated, answer)}",
+                )
+        return missed
+
+    def stale_writes(self) -> dict[str, Any]:
+        """Writes carrying a clock older than the row's: a deadline already past when written,
+        or a heartbeat moved backwards. They are not must-be-zero by themselves (a stale
+        deadline is judged by the deadline check), but they name the writer."""
+        stale: list[str] = []
+        regressions: list[str] = []
+        for run_id, writes in self.writes.items():
+            for before, write in itertools.pairwise(writes):
+                if (
+                    write.status not in _RUN_END
+                    and write.deadline is not None
+                    and write.deadline != before.deadline
+                    and write.deadline < write.at
+                ):
+                    stale.append(
+                        f"{run_id} {write.status}: deadline {write.at - write.deadline:.2f}s "
+                        f"in the past when {write.app} wrote it at {write.at:.3f}"
+                    )
+                if (
+                    write.heartbeat is not None
+                    and before.heartbeat is not None
+                    and write.heartbeat < before.heartbeat - 0.001
+                ):
+                    regressions.append(
+                        f"{run_id} {write.status}: heartbeat moved back "
+                        f"{before.heartbeat - write.heartbeat:.2f}s by {write.app} "
+                        f"at {write.at:.3f}"
+                    )
+        return {
+            "stale_statements": len(stale),
+            "heartbeat_regressions": len(regressions),
+            "stale_examples": (stale + regressions)[:10],
+        }
+
+    def _faults_near(self, start: float, end: float) -> str:
+        near = [
+            f"{f.kind}@{f.at:.1f}" + (f"-{f.until:.1f}" if f.until else "")
+            for f in self.faults
+            if f.injected
+            and f.at <= end
+            and max(f.until or f.at, f.outage[1] if f.outage else f.at) >= start - 10
+        ]
+        return ", ".join(near) or "none"
+
+    def terminal_exits(self) -> int:
+        count = 0
+        for run_id, events in self.events.items():
+            for event in events:
+                ends = _STEP_END if event.step_id else _RUN_END
+                if event.from_status in ends:
+                    count += 1
+                    self._violation(
+                        "terminal_exits",
+                        run_id,
+                        f"{event.step_id or 'run'} left {event.from_status} for {event.to_status}",
+                    )
+        return count
+
+    def journal_breaks(self) -> int:
+        count = 0
+        for run_id, events in self.events.items():
+            last: dict[str | None, str | None] = {}
+            for event in events:
+                expected = last.get(event.step_id, None if event.step_id is None else "pending")
+                if event.from_status != expected:
+                    count += 1
+                    self._violation(
+                        "journal_breaks",
+                        run_id,
+                        f"{event.step_id or 'run'}: {event.from_status} -> {event.to_status} "
+                        f"after {expected}",
+                    )
+                last[event.step_id] = event.to_status
+        return count
+
+    def live_steps_in_ended_runs(self) -> int:
+        count = 0
+        for run_id, run in self.runs.items():
+            if run.status in _RUN_END:
+                for step in self.steps[run_id]:
+                    if step.status not in _STEP_END:
+                        count += 1
+                        self._violation(
+                            "terminal_runs_with_live_steps",
+                            run_id,
+                            f"step {step.step_id} is {step.status}",
+                        )
+        return count
+
+    def _touched(self) -> set[str]:
+        touched: set[str] = set()
+        for fault in self.faults:
+            touched.update(fault.runs)
+        return touched
+
+    def turns_figures(self) -> dict[str, int]:
+        figures = Counter(
+            {
+                "turns_duplicated": 0,
+                "turns_unrecorded_attempt": 0,
+                "turns_restarted_unexplained": 0,
+                "turns_started_after_cancel": 0,
+                "turns_restarted_explained": 0,
+            }
+        )
+        per_key = Counter(turn.key for turn in self.turns)
+        for key, count in per_key.items():
+            if count > 1:
+                figures["turns_duplicated"] += 1
+                self._violation("turns_duplicated", key.split(":", 1)[0], f"{count} turns {key}")
+        touched = self._touched()
+        stop_at = self._stop_moments()
+        for turn in self.turns:
+            run_id, step_id, attempt_text = turn.key.rsplit(":", 2)
+            step = next((s for s in self.steps.get(run_id, []) if s.step_id == step_id), None)
+            attempt = int(attempt_text) if attempt_text.isdigit() else -1
+            if step is None or not 1 <= attempt <= step.attempt:
+                figures["turns_unrecorded_attempt"] += 1
+                self._violation(
+                    "turns_unrecorded_attempt", run_id, f"turn {turn.key} was never recorded"
+                )
+            if turn.start_calls > 1:
+                run = self.runs.get(run_id)
+                if run_id in touched or (run is not None and run.rearms > 0):
+                    figures["turns_restarted_explained"] += 1
+                else:
+                    figures["turns_restarted_unexplained"] += 1
+                    self._violation(
+                        "turns_restarted_unexplained",
+                        run_id,
+                        f"turn {turn.key} start called {turn.start_calls} times, no fault",
+                    )
+            if turn.provider_run_id == "scripted-cancelled" and turn.start_calls > 0:
+                figures["turns_started_after_cancel"] += 1
+                self._violation(
+                    "turns_started_after_cancel", run_id, f"start hit the tombstone of {turn.key}"
+                )
+            elif turn.started_at is not None and run_id in stop_at:
+                moment, why = stop_at[run_id]
+                if turn.started_at.timestamp() > moment:
+                    figures["turns_started_after_cancel"] += 1
+                    self._violation(
+                        "turns_started_after_cancel",
+                        run_id,
+                        f"turn {turn.key} started {turn.started_at.timestamp() - moment:.3f}s "
+                        f"after {why}",
+                    )
+        return dict(figures)
+
+    def _stop_moments(self) -> dict[str, tuple[float, str]]:
+        """For each run, the first moment after which no turn may start, and why."""
+        moments: dict[str, tuple[float, str]] = {}
+
+        def note(run_id: str, moment: float, why: str) -> None:
+            if run_id not in moments or moment < moments[run_id][0]:
+                moments[run_id] = (moment, why)
+
+        for run_id, writes in self.writes.items():
+            for write in writes:
+                if write.status == "cancelling" or write.status in _RUN_END:
+                    note(run_id, write.at, f"the run became {write.status}")
+                    break
+        for call in self.records.cancels:
+            if call.returned is not None and call.status is not None:
+                note(call.run_id, call.returned, f"a {call.kind} cancel returned")
+        return moments
+
+    def cancels(self) -> dict[str, int]:
+        nonterminal = errors = 0
+        for call in self.records.cancels:
+            if call.error:
+                errors += 1
+            elif not call.graceful and call.status not in _RUN_END:
+                nonterminal += 1
+                self._violation(
+                    "cancels_returned_nonterminal",
+                    call.run_id,
+                    f"{call.kind} cancel ({call.process}) returned {call.status}",
+                )
+        return {
+            "cancel_calls": len(self.records.cancels),
+            "cancels_returned_nonterminal": nonterminal,
+            "cancel_errors": errors,
+        }
+
+    def lost(self, launched: dict[str, str]) -> int:
+        count = 0
+        for label, run_id in launched.items():
+            run = self.runs.get(run_id)
+            if run is None:
+                count += 1
+                self._violation("runs_lost", run_id, f"{label} launched but not in the database")
+            elif run.status not in _RUN_END:
+                count += 1
+                self._violation("runs_lost", run_id, f"{label} still {run.status} at the end")
+        return count
+
+    def convergence(self) -> dict[str, Any]:
+        """Per fault kind: how long until each affected run moved again, and until it ended."""
+        by_kind: dict[str, dict[str, list[float]]] = defaultdict(
+            lambda: {"recover": [], "terminal": []}
+        )
+        counts: Counter[str] = Counter()
+        missed: Counter[str] = Counter()
+        for fault in self.faults:
+            if not fault.injected:
+                missed[fault.kind] += 1
+                continue
+            counts[fault.kind] += 1
+            zombie = f"chaos-{fault.victim}" if fault.kind.startswith("stop") else None
+            for run_id in fault.runs:
+                writes = self.writes.get(run_id, [])
+                before = [w for w in writes if w.at <= fault.at]
+                if before and before[-1].status in _RUN_END:
+                    continue
+                after = [
+                    w
+                    for w in writes
+                    if w.at > fault.at
+                    and not (zombie and w.app == zombie and w.at < (fault.until or math.inf))
+                ]
+                if after:
+                    by_kind[fault.kind]["recover"].append(after[0].at - fault.at)
+                end = next((w for w in after if w.status in _RUN_END), None)
+                if end is not None:
+                    by_kind[fault.kind]["terminal"].append(end.at - fault.at)
+        kinds = sorted(set(counts) | set(missed))
+        return {
+            kind: {
+                "injected": counts[kind],
+                "no_target": missed[kind],
+                "recover_s": percentiles(by_kind[kind]["recover"]),
+                "terminal_s": percentiles(by_kind[kind]["terminal"]),
+            }
+            for kind in kinds
+        }
+
+    def outcomes(self) -> dict[str, Any]:
+        by_status = Counter(f"{run.status}/{run.stop_reason}" for run in self.runs.values())
+        by_scenario: dict[str, Counter[str]] = defaultdict(Counter)
+        for run in self.runs.values():
+            by_scenario[self.scenario.get(run.request_id, "?")][run.status] += 1
+        return {
+            "by_status": dict(sorted(by_status.items())),
+            "by_scenario": {k: dict(v) for k, v in sorted(by_scenario.items())},
+            "rearmed_runs": sum(1 for run in self.runs.values() if run.rearms > 0),
+            "needs_review": sum(1 for run in self.runs.values() if run.needs_review),
+        }
+
+    # -- all --------------------------------------------------------------------------------
+    def figures(self) -> dict[str, Any]:
+        launched = self.launched_ids()
+        figures: dict[str, Any] = {
+            "runs_launched": len(launched),
+            "runs_terminal": sum(
+                1
+                for run_id in launched.values()
+                if run_id in self.runs and self.runs[run_id].status in _RUN_END
+            ),
+            "launches_rejected": len(self.records.rejected),
+            "launch_errors": len(self.records.launch_errors),
+            "runs_lost": self.lost(launched),
+            "deadline_misses": self.deadlines(),
+            "worst_lateness_s": round(max(self.lateness), 3) if self.lateness else None,
+            "worst_net_lateness_s": (
+                round(max(self.net_lateness), 3) if self.net_lateness else None
+            ),
+            "deadline_statements": len(self.lateness),
+            **{k: v for k, v in self.stale_writes().items() if k != "stale_examples"},
+            "terminal_exits": self.terminal_exits(),
+            "journal_breaks": self.journal_breaks(),
+            "terminal_runs_with_live_steps": self.live_steps_in_ended_runs(),
+            "turns": len(self.turns),
+            **self.turns_figures(),
+            **self.cancels(),
+            "answers": dict(Counter(v.split(":")[0] for v in self.records.answers.values())),
+            "resends": len(self.records.resends),
+            "duplicate_launches": sum(1 for label in launched if label in self.twice),
+        }
+        return figures

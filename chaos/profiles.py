@@ -1,0 +1,57 @@
+"""How big a chaos run is, and the shrunk engine settings it runs under."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Engine bounds for chaos: a dead heartbeat is seen in ~8 s, the sweeper passes every second,
+#: parks are short, so every fault converges within seconds. The same as the integration tests'
+#: ``FAST_SETTINGS``, except the Redis visibility timeout, shrunk to just above the settings'
+#: floor (twice the heartbeat timeout) so that the redelivery of a killed worker's messages
+#: happens during the run, where the fence must stop it.
+CHAOS_SETTINGS: dict[str, str] = {
+    "ORCH_HEARTBEAT_TIMEOUT": "8",
+    "ORCH_MAX_POLL_INTERVAL_LIMIT": "2",
+    "ORCH_PROVIDER_TIMEOUT": "3",
+    "ORCH_WEBHOOK_TIMEOUT": "3",
+    "ORCH_VISIBILITY_TIMEOUT": "20",
+    "ORCH_SWEEP_INTERVAL": "1",
+    "ORCH_CANCEL_GRACE": "2",
+    "ORCH_MAX_REARMS": "2",
+    "ORCH_PARK_BUDGET_HUMAN": "8",
+    "ORCH_PARK_BUDGET_ENGINE_LIMIT": "8",
+    "ORCH_PARK_BUDGET_PLATFORM_INTERRUPT": "8",
+    "ORCH_PARK_BUDGET_DEFAULT": "8",
+    "ORCH_EFFECT_ATTEMPTS": "3",
+    "ORCH_EFFECT_BACKOFF": "0.2",
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A population size, the window it is launched over, the faults, and a time limit."""
+
+    name: str
+    runs: int
+    window: float
+    faults: int
+    duration_limit: float
+
+    @property
+    def fault_window(self) -> float:
+        """Faults go on a little past the last launch: late runs get faults too."""
+        return self.window + 20.0
+
+
+PROFILES = {
+    "ci": Profile("ci", runs=60, window=90.0, faults=11, duration_limit=230.0),
+    "full": Profile("full", runs=300, window=540.0, faults=50, duration_limit=870.0),
+}
+
+
+def custom(runs: int, duration_limit: float | None) -> Profile:
+    """A profile for ``--runs N``: launches at ~0.55 runs/s, a fault every ~11 s."""
+    window = max(60.0, runs * 1.8)
+    faults = max(10, int(window / 11))
+    limit = duration_limit or window + 300.0
+    return Profile("custom", runs=runs, window=window, faults=faults, duration_limit=limit)

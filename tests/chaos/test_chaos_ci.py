@@ -1,0 +1,98 @@
+"""The chaos suite's CI profile (``python -m chaos --profile ci``), once per broker.
+
+Each leg runs the whole suite in a subprocess, as a developer would, against PostgreSQL
+(``ORCH_TEST_DATABASE_URL``) and one broker:
+
+* Redis: the suite starts its *own* ``redis-server`` on a free port (so it may kill and restart
+  it without touching the shared one); ``ORCH_TEST_BROKER_URL`` selects the leg, and is used
+  as the broker itself only where ``redis-server`` is not installed (the restart fault is then
+  skipped and reported as such).
+* RabbitMQ (``ORCH_TEST_AMQP_URL``): the suite creates its own virtual host on that node.
+  RabbitMQ closes a channel whose delivery stays unacknowledged past ``consumer_timeout``
+  (30 minutes by default); a countdown is held unacknowledged by the worker until it is due,
+  and chaos countdowns are at most 2 s, so the default is far away (see docs/reliability.md).
+
+Locally a leg is skipped when its variables are missing; with ``CI=true`` it fails instead.
+The seed is fixed (``CHAOS_SEED`` overrides it) so that a failure is reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+ROOT = Path(__file__).resolve().parents[2]
+IN_CI = os.environ.get("CI", "").lower() == "true"
+SEED = int(os.environ.get("CHAOS_SEED", "20261130"))
+#: The CI profile's own limit is 230 s; this only catches a run that hangs outright.
+SUBPROCESS_TIMEOUT = 420
+
+
+def _require(*names: str) -> dict[str, str]:
+    missing = [name for name in names if not os.environ.get(name)]
+    if missing:
+        message = f"{', '.join(missing)} not set: the chaos suite needs real services"
+        if IN_CI:
+            pytest.fail(f"CI=true but {message}")
+        pytest.skip(f"{message} (set them, as .ci/run does, to run this leg)")
+    return {name: os.environ[name] for name in names}
+
+
+def _broker(leg: str) -> tuple[str, str]:
+    if leg == "redis":
+        env = _require("ORCH_TEST_BROKER_URL", "ORCH_TEST_DATABASE_URL")
+        broker = "own-redis" if shutil.which("redis-server") else env["ORCH_TEST_BROKER_URL"]
+    else:
+        env = _require("ORCH_TEST_AMQP_URL", "ORCH_TEST_DATABASE_URL")
+        broker = env["ORCH_TEST_AMQP_URL"]
+    return broker, env["ORCH_TEST_DATABASE_URL"]
+
+
+def _explain(report: dict[str, Any]) -> str:
+    lines = [f"reproduce: {report['reproduce']}"]
+    for violation in report["violations"][:8]:
+        lines.append(f"- {violation['figure']}: run {violation['run_id']} {violation['detail']}")
+        lines.extend(f"    {row}" for row in violation.get("journal", [])[-8:])
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("leg", ["redis", "rabbitmq"])
+def test_ci_profile_keeps_every_promise(leg: str, tmp_path: Path) -> None:
+    broker, database = _broker(leg)
+    report_path = tmp_path / "chaos-report.json"
+    command = [
+        sys.executable,
+        "-m",
+        "chaos",
+        "--profile",
+        "ci",
+        "--seed",
+        str(SEED),
+        "--broker",
+        broker,
+        "--database",
+        database,
+        "--report",
+        str(report_path),
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT
+    )
+    print(done.stdout)
+    print(done.stderr[-3000:], file=sys.stderr)
+    assert report_path.exists(), f"the chaos run did not complete (exit {done.returncode})"
+    report = json.loads(report_path.read_text())
+    figures = report["figures"]
+    assert figures["runs_launched"] >= 40, "the population did not launch"
+    nonzero = {name: figures[name] for name in report["must_be_zero"] if figures[name]}
+    assert not nonzero, f"must-be-zero figures are not 0: {nonzero}\n{_explain(report)}"
+    assert done.returncode == 0
