@@ -46,6 +46,7 @@ def request(settings: Settings, run_id: str, *, now: datetime, by: str) -> bool:
             RunStatus.CANCELLING,
             heartbeat_at=run.heartbeat_at or run.created_at,
             cancel_requested_at=run.cancel_requested_at,
+            now=now,
         )
         if run.status != RunStatus.CANCELLING:
             transition_run(

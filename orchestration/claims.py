@@ -160,4 +160,4 @@ def queued_deadline(
 ) -> datetime:
     """A run queued behind a holder starts (is re-armed) by the holder's deadline."""
     base = holder_deadline or now
-    return deadlines.compute(settings, RunStatus.QUEUED, heartbeat_at=base)
+    return deadlines.compute(settings, RunStatus.QUEUED, heartbeat_at=base, now=now)

@@ -54,24 +54,51 @@ def compute(
     parked_since: datetime | None = None,
     waiting_until: datetime | None = None,
     cancel_requested_at: datetime | None = None,
+    now: datetime | None = None,
 ) -> datetime:
-    """The deadline for a live run in ``status`` (see the module docstring).
+    """The deadline for a live run in ``status``, stated at ``now`` (default: the heartbeat).
 
     Each bound is when the sweeper's condition for that state becomes true; the sweeper acts
-    within one interval after it, plus a margin for clocks and queues.
+    within the slack after it. A condition that is already true counts from ``now``: a
+    deadline is never stated in the past (a run re-armed after its step's timeout has gone by
+    is closed within the slack, not before it was re-armed).
     """
-    slack = _s(slack_seconds(settings))
+    return max(
+        _condition(
+            settings,
+            status,
+            heartbeat_at,
+            step_timeout_at,
+            park_reason,
+            parked_since,
+            waiting_until,
+            cancel_requested_at,
+        ),
+        now or heartbeat_at,
+    ) + _s(slack_seconds(settings))
+
+
+def _condition(
+    settings: Settings,
+    status: RunStatus,
+    heartbeat_at: datetime,
+    step_timeout_at: datetime | None,
+    park_reason: str | None,
+    parked_since: datetime | None,
+    waiting_until: datetime | None,
+    cancel_requested_at: datetime | None,
+) -> datetime:
+    """When the sweeper's condition for a run in ``status`` becomes true."""
     alive_until = heartbeat_expiry(settings, heartbeat_at)
     if status is RunStatus.CANCELLING and cancel_requested_at is not None:
-        grace_until = cancel_requested_at + _s(settings.cancel_grace)
-        return max(grace_until, alive_until) + slack
+        return max(cancel_requested_at + _s(settings.cancel_grace), alive_until)
     if status is RunStatus.PARKED and parked_since is not None:
         expiry = park_expiry(settings, park_reason, parked_since, waiting_until)
         if park_reason != ParkReason.HUMAN:
             # A polled park (engine limit, platform interrupt) still needs a live heartbeat.
             expiry = min(expiry, alive_until)
-        return expiry + slack
+        return expiry
     if status is RunStatus.RUNNING and step_timeout_at is not None:
         # The step's timeout bounds its turn; effects (``waiting``) are bounded by attempts.
-        return min(step_timeout_at, alive_until) + slack
-    return alive_until + slack
+        return min(step_timeout_at, alive_until)
+    return alive_until

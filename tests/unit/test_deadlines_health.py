@@ -289,3 +289,22 @@ def test_explain_of_a_human_park_says_how_to_answer(bounds: Settings) -> None:
     text = _explained(bounds, run, T0 + s(1))
     assert "health: waiting" in text
     assert "orchestration answer r" in text
+
+
+def test_a_deadline_is_never_stated_in_the_past(bounds: Settings) -> None:
+    # Chaos finding: a run re-armed after its step's timeout had gone by was stamped with a
+    # deadline already behind the clock. The sweeper needs the slack from *now* to act.
+    now = T0 + s(600)
+    due = deadlines.compute(
+        bounds, RunStatus.RUNNING, heartbeat_at=now, step_timeout_at=T0 + s(5), now=now
+    )
+    assert due == now + s(slack(bounds))
+    parked = deadlines.compute(
+        bounds,
+        RunStatus.PARKED,
+        heartbeat_at=T0,
+        park_reason="human",
+        parked_since=T0,
+        now=now,
+    )
+    assert parked == now + s(slack(bounds))
