@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, bindparam, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -24,6 +24,10 @@ from orchestration.models import Run, RunEvent, Step
 from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, STEP_LIVE, RunStatus, StepStatus
 
+#: A literal condition (an IN list cannot be expanded inside an executemany).
+_LIVE_STEP_SQL = text(
+    "status IN ({})".format(", ".join(f"'{status.value}'" for status in sorted(STEP_LIVE)))
+)
 _NAME = re.compile(r"[\x21-\x7e]{1,200}")
 
 
@@ -94,11 +98,21 @@ def arm(
         values["claim"] = claim
     if rearm:
         values["rearms"] = Run.rearms + 1
-    from orchestration.transitions import touch_run, touch_step
+    from orchestration.transitions import touch_run
 
     touch_run(session, run.id, now, **values)
-    for link, step in zip(plan.links, steps[first.index :], strict=True):
-        touch_step(session, step, now, celery_task_id=link.task_id)
+    # One executemany for the whole chain (a statement per step cost a 200-step launch 213
+    # statements); guarded like every step write: only live steps take a task id.
+    table = cast(Table, Step.__table__)
+    session.execute(
+        update(table)
+        .where(table.c.pk == bindparam("step_pk"), _LIVE_STEP_SQL)
+        .values(celery_task_id=bindparam("task_id"), updated_at=now),
+        [
+            {"step_pk": step.pk, "task_id": link.task_id}
+            for link, step in zip(plan.links, steps[first.index :], strict=True)
+        ],
+    )
     if dispatcher is not None:
         after_commit(session, lambda: dispatcher.send_chain(plan))
     return plan.task_ids

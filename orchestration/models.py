@@ -127,8 +127,10 @@ class Run(Base):
     #: Set when a human should look at this run (e.g. displaced from its claim).
     needs_review: Mapped[bool] = mapped_column(default=False)
 
+    # Loaded only when read: the step task reads its run several times per execution and
+    # never needs the other steps (eager loading cost 38 % of a worker's time, docs/benchmarks).
     steps: Mapped[list[Step]] = relationship(
-        back_populates="run", order_by="Step.index", lazy="selectin"
+        back_populates="run", order_by="Step.index", lazy="select"
     )
 
 
