@@ -28,8 +28,17 @@ from orchestration.sweeper import Sweeper
 
 WORKFLOW = {
     "name": "bench",
-    "steps": [{"id": "s1", "provider": "scripted", "task": "x", "with": {}, "timeout": 1800.0,
-               "poll_interval": 1.0, "max_poll_interval": 10.0}],
+    "steps": [
+        {
+            "id": "s1",
+            "provider": "scripted",
+            "task": "x",
+            "with": {},
+            "timeout": 1800.0,
+            "poll_interval": 1.0,
+            "max_poll_interval": 10.0,
+        }
+    ],
 }
 
 
@@ -38,19 +47,41 @@ def _rows(count: int, status: str, now: Any) -> tuple[list[dict[str, Any]], list
     terminal = status != "running"
     for _ in range(count):
         run_id = uuid.uuid4().hex
-        runs.append({
-            "id": run_id, "owner": "bench", "request_id": run_id, "fingerprint": "f" * 64,
-            "workflow_name": "bench", "workflow": WORKFLOW, "args": {}, "status": status,
-            "stop_reason": "completed" if terminal else None, "created_at": now,
-            "updated_at": now, "heartbeat_at": now, "finished_at": now if terminal else None,
-            "deadline_at": None if terminal else now + timedelta(hours=1), "task_ids": [],
-            "current_step": 0, "rearms": 0, "needs_review": False,
-        })
-        steps.append({
-            "run_id": run_id, "index": 0, "step_id": "s1", "provider": "scripted",
-            "status": "completed" if terminal else "running", "attempt": 1, "polls": 1,
-            "created_at": now, "updated_at": now,
-        })
+        runs.append(
+            {
+                "id": run_id,
+                "owner": "bench",
+                "request_id": run_id,
+                "fingerprint": "f" * 64,
+                "workflow_name": "bench",
+                "workflow": WORKFLOW,
+                "args": {},
+                "status": status,
+                "stop_reason": "completed" if terminal else None,
+                "created_at": now,
+                "updated_at": now,
+                "heartbeat_at": now,
+                "finished_at": now if terminal else None,
+                "deadline_at": None if terminal else now + timedelta(hours=1),
+                "task_ids": [],
+                "current_step": 0,
+                "rearms": 0,
+                "needs_review": False,
+            }
+        )
+        steps.append(
+            {
+                "run_id": run_id,
+                "index": 0,
+                "step_id": "s1",
+                "provider": "scripted",
+                "status": "completed" if terminal else "running",
+                "attempt": 1,
+                "polls": 1,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
     return runs, steps
 
 
@@ -59,8 +90,8 @@ def measure(admin_url: str, terminal: int, live: int, repeat: int) -> dict[str, 
     admin = create_engine(normalize_url(admin_url), isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(normalize_url(admin_url)).set(database=name).render_as_string(
-        hide_password=False
+    url = (
+        make_url(normalize_url(admin_url)).set(database=name).render_as_string(hide_password=False)
     )
     try:
         upgrade(url)
@@ -93,8 +124,11 @@ def measure(admin_url: str, terminal: int, live: int, repeat: int) -> dict[str, 
         event.remove(engine, "before_cursor_execute", count)
         engine.dispose()
         return {
-            "terminal": terminal, "live": live, "median_seconds": statistics.median(times),
-            "min_seconds": min(times), "statements_per_pass": statistics.median(queries),
+            "terminal": terminal,
+            "live": live,
+            "median_seconds": statistics.median(times),
+            "min_seconds": min(times),
+            "statements_per_pass": statistics.median(queries),
         }
     finally:
         with admin.connect() as connection:

@@ -361,3 +361,17 @@ def test_sweeper_liveness_is_visible(
 
     report = wait_for(lambda: (r := check(stack.settings)) and r["ok"] and r, 15)
     assert report["checks"]["sweeper"]["age_seconds"] < 5
+
+
+def test_metrics_show_no_run_past_its_deadline_after_the_scenarios(stack: Stack) -> None:
+    """Runs last in the module: after every scenario above, ``/metrics`` reads 0 past-deadline
+    runs, parsed with the Prometheus client's own parser."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from orchestration.metrics import registry
+
+    text = generate_latest(registry(stack.settings)).decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    past = families["orchestration_runs_past_deadline"]
+    assert [sample.value for sample in past.samples] == [0.0]
