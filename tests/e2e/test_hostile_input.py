@@ -36,7 +36,13 @@ HOSTILE_TEXT = st.sampled_from(
         "x" * 300,
     ]
 )
-JSON_LEAF = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+JSON_LEAF = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
 JSON = st.recursive(
     JSON_LEAF | HOSTILE_TEXT,
     lambda inner: (
@@ -129,3 +135,23 @@ def test_cli_launch_gives_a_clear_error_or_a_run(
         assert done.returncode == 2, done.stderr
         assert json.loads(done.stderr)["error"]["message"]
         assert counts(stack, owner) == before
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"workflow": null, "args": Infinity}',
+        b'{"args": NaN}',
+        b'{"workflow": {"name": "x", "steps": [{"id": "a", '
+        b'"provider": "scripted", "task": -Infinity}]}}',
+    ],
+)
+def test_non_finite_numbers_in_a_raw_body_are_a_clear_error(
+    api: ApiServer, stack: Stack, owner: str, token: str, raw: bytes
+) -> None:
+    before = counts(stack, owner)
+    with api.client(token) as client:
+        reply = client.post("/runs", content=raw, headers={"Content-Type": "application/json"})
+    assert 400 <= reply.status_code < 500, reply.text
+    assert reply.json()["error"]["code"]
+    assert counts(stack, owner) == before
