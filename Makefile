@@ -29,6 +29,7 @@ chaos-ci: install
 	$(VENV)/bin/pytest -m chaos tests/chaos
 
 bench: install
+	$(VENV)/bin/pip install -q -e '.[test,bench]'
 	$(PY) -m bench --report bench-results/report.json
 
 ci:

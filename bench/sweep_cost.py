@@ -106,13 +106,16 @@ def measure(admin_url: str, terminal: int, live: int, repeat: int) -> dict[str, 
             connection.execute(text("ANALYZE"))
         settings = Settings(database_url=url)
         sweeper = Sweeper(settings, None)
+        # The sweeper's engine: settings add PostgreSQL options to the URL, so it is not the
+        # engine the rows were inserted with.
+        engine = get_engine(settings.database_url)
         statements = 0
 
-        def count(*_: Any) -> None:
+        def counter(*_: Any) -> None:
             nonlocal statements
             statements += 1
 
-        event.listen(engine, "before_cursor_execute", count)
+        event.listen(engine, "before_cursor_execute", counter)
         times, queries = [], []
         for _ in range(repeat):
             statements = 0
@@ -121,7 +124,7 @@ def measure(admin_url: str, terminal: int, live: int, repeat: int) -> dict[str, 
             times.append(time.perf_counter() - started)
             queries.append(statements)
             assert report["live"] == live and report["errors"] == 0, report
-        event.remove(engine, "before_cursor_execute", count)
+        event.remove(engine, "before_cursor_execute", counter)
         engine.dispose()
         return {
             "terminal": terminal,

@@ -280,7 +280,7 @@ class Stepper:
                 return Halt("park expired")
             wait = max(spec.poll_interval, (until - now).total_seconds())
             return Poll(self._bounded(min(wait, spec.max_poll_interval), timeout_at, now), tick)
-        self._unpark(session, run.id, step.index, now)
+        self._unpark(session, run.id, step.index, now, seen=run)
         return Poll(self._bounded(_backoff(spec, tick), timeout_at, now), tick)
 
     def _effects(self, run_id: str, index: int, tick: int) -> Outcome:
@@ -524,7 +524,15 @@ class Stepper:
             )
         session.refresh(run)
 
-    def _unpark(self, session: Session, run_id: str, index: int, now: datetime) -> None:
+    def _unpark(
+        self, session: Session, run_id: str, index: int, now: datetime, *, seen: Run | None = None
+    ) -> None:
+        """Move a parked run and step back to running. ``seen`` (a row this transaction
+        locked and read) spares the two reads on the common path: nothing is parked."""
+        if seen is not None and seen.status != RunStatus.PARKED:
+            step_now = _step(session, run_id, index)
+            if step_now is None or step_now.status != StepStatus.PARKED:
+                return
         run = session.get(Run, run_id, populate_existing=True)
         step = _step(session, run_id, index, refresh=True)
         assert run is not None and step is not None

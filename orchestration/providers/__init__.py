@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from orchestration.errors import ValidationError
@@ -43,6 +44,7 @@ register("langgraph", _langgraph)
 register("http", _http)
 
 _CACHE: dict[tuple[str, int], Provider] = {}
+_BUILDING = threading.Lock()
 
 
 def names() -> list[str]:
@@ -57,8 +59,10 @@ def get_provider(name: str, settings: Settings) -> Provider:
             "provider", f"unknown provider {name!r}; known providers: {', '.join(names())}"
         )
     key = (name, id(settings))
-    if key not in _CACHE:
-        from orchestration.instruments import Instrumented
+    # Threads of one process (the HTTP API's pool) build each provider once.
+    with _BUILDING:
+        if key not in _CACHE:
+            from orchestration.instruments import Instrumented
 
-        _CACHE[key] = Instrumented(_FACTORIES[name](settings))
-    return _CACHE[key]
+            _CACHE[key] = Instrumented(_FACTORIES[name](settings))
+        return _CACHE[key]

@@ -33,7 +33,7 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, Column, Integer, MetaData, String, Table, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from orchestration.db import get_engine, normalize_url, session_scope, utcnow
 from orchestration.errors import RetryableProviderError, ValidationError
@@ -144,7 +144,12 @@ class ScriptedProvider:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._url = store_url(settings)
-        _META.create_all(get_engine(self._url), checkfirst=True)
+        try:
+            _META.create_all(get_engine(self._url), checkfirst=True)
+        except DBAPIError:
+            # Another process created the table between the check and the create (PostgreSQL
+            # reports a duplicate type); it exists now, which is all that is needed.
+            _META.create_all(get_engine(self._url), checkfirst=True)
 
     def validate(self, options: Mapping[str, Any]) -> None:
         unknown = set(options) - _KNOWN_OPTIONS

@@ -1,0 +1,246 @@
+"""``python -m bench --report bench-results/report.json``: every benchmark, one report.
+
+Runs items 1-7 of the benchmark plan, each group on its own isolated stack (fresh database,
+own queue, own prefork worker on the benchmark's Redis db), writes the JSON report, and
+regenerates ``docs/benchmarks.md`` and its ``docs/benchmarks-*.png`` figures. A failing item
+is recorded under ``errors`` and the others still run; the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import celery
+
+from bench import cancel, launch, overhead, peer, profiling, report, scale, sweep
+from bench.stack import ROOT, Stack, claim_redis, make_stack, release_redis, remove_tree
+
+DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--report", type=Path, default=Path("bench-results/report.json"))
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where the doc goes")
+    parser.add_argument("--redis", default=DEFAULT_REDIS, help="a Redis db the bench may flush")
+    parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="admin URL; makes its DBs")
+    parser.add_argument("--director-venv", type=Path, default=Path("/tmp/director-venv"))
+    parser.add_argument("--quick", action="store_true", help="skip the 1,000,000-row sweep")
+    parser.add_argument(
+        "--render", type=Path, help="only rewrite the docs from this existing JSON report"
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated subset: overhead,hop,scale,cancel,sweep,launch,peer,profile",
+    )
+    return parser.parse_args(argv)
+
+
+class Runner:
+    """Runs items, timing each and keeping going past a failure."""
+
+    def __init__(self, only: set[str]) -> None:
+        self.only = only
+        self.results: dict[str, Any] = {}
+        self.errors: dict[str, str] = {}
+        self.seconds: dict[str, float] = {}
+
+    def wanted(self, item: str) -> bool:
+        return not self.only or item in self.only
+
+    def item(self, name: str, call: Callable[[], Any], into: str | None = None) -> None:
+        started = time.monotonic()
+        print(f"[bench] {name} ...", flush=True)
+        try:
+            value = call()
+        except Exception:
+            self.errors[name] = traceback.format_exc()
+            print(f"[bench] {name} FAILED:\n{self.errors[name]}", flush=True)
+        else:
+            if into is None:
+                self.results[name] = value
+            else:
+                self.results.setdefault(into, {})[name.split(":", 1)[1]] = value
+        self.seconds[name] = round(time.monotonic() - started, 1)
+        print(f"[bench] {name} done in {self.seconds[name]} s", flush=True)
+
+
+def _stack(args: argparse.Namespace, tmp: Path, label: str, *, sqlite: bool = False) -> Stack:
+    return make_stack(None if sqlite else args.postgres, args.redis, tmp, label)
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _experiments(report_path: Path) -> dict[str, Any] | None:
+    """``bench.experiments``' last results, kept beside the report, if any."""
+    path = report_path.parent / "experiments.json"
+    if not path.exists():
+        return None
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+def _write_docs(result: dict[str, Any], args: argparse.Namespace) -> None:
+    args.docs.mkdir(parents=True, exist_ok=True)
+    figures = report.plots(result, args.docs)
+    markdown = report.render(result, _experiments(args.render or args.report))
+    (args.docs / "benchmarks.md").write_text(markdown)
+    print(f"[bench] wrote {args.docs / 'benchmarks.md'} and {', '.join(figures)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.render is not None:
+        _write_docs(json.loads(args.render.read_text()), args)
+        return 0
+    run = Runner({item for item in args.only.split(",") if item})
+    begun = time.monotonic()
+    meta = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "celery": celery.__version__,
+        "postgres": args.postgres,
+        "redis": args.redis,
+        "quick": args.quick,
+        "load_before": " / ".join(f"{value:.2f}" for value in os.getloadavg()),
+        "shared_machine": True,
+        "run_steps_loading": report.steps_loading({"meta": {}}),
+    }
+    redis_client = claim_redis(args.redis)
+    tmp = Path(tempfile.mkdtemp(prefix="orch-bench-"))
+    try:
+        if any(run.wanted(item) for item in ("overhead", "hop", "cancel", "profile")):
+            stack = _stack(args, tmp, "main")
+            try:
+                stack.start_worker()
+                if run.wanted("overhead"):
+                    run.item(
+                        "step_overhead:200",
+                        lambda: overhead.step_overhead(stack, 200, repeats=3, bare_repeats=5),
+                        into="step_overhead",
+                    )
+                    run.item(
+                        "step_overhead:20",
+                        lambda: overhead.step_overhead(stack, 20, repeats=3, bare_repeats=5),
+                        into="step_overhead",
+                    )
+                if run.wanted("hop"):
+                    run.item(
+                        "poll_hop", lambda: overhead.poll_hop(stack, [0.01, 0.1], 20, repeats=5)
+                    )
+                if run.wanted("profile"):
+                    run.item("profile:redis", lambda: profiling.redis_commands(stack), "profile")
+                    run.item(
+                        "profile:worker_py_spy",
+                        lambda: profiling.worker_profile(stack, 200, 8),
+                        "profile",
+                    )
+                if run.wanted("cancel"):
+                    run.item("cancel:postgresql", lambda: cancel.run(stack, 60, 20), into="cancel")
+            finally:
+                stack.close()
+        if run.wanted("cancel"):
+            stack = _stack(args, tmp, "sqlite", sqlite=True)
+            try:
+                stack.start_worker()
+                run.item("cancel:sqlite", lambda: cancel.run(stack, 60, 20), into="cancel")
+            finally:
+                stack.close()
+        if run.wanted("scale"):
+            stack = _stack(args, tmp, "scale")
+            try:
+                stack.start_worker()
+                run.item(
+                    "scale",
+                    lambda: scale.run(
+                        stack,
+                        runs=1000,
+                        interval=5.0,
+                        window=15.0,
+                        parts=3,
+                        saturation_runs=100,
+                        saturation_window=9.0,
+                        half_window=15.0,
+                    ),
+                )
+            finally:
+                stack.close()
+        if run.wanted("launch") or run.wanted("profile"):
+            stack = _stack(args, tmp, "launch")  # no worker: launches are not executed
+            try:
+                if run.wanted("launch"):
+                    run.item("launch:python", lambda: launch.python_api(stack, 200), "launch")
+                    run.item("launch:http", lambda: launch.http_api(stack, 200), "launch")
+                if run.wanted("profile"):
+                    run.item(
+                        "profile:statements",
+                        lambda: profiling.statements_per_execution(stack, [1, 20, 200]),
+                        "profile",
+                    )
+                    run.item(
+                        "profile:launch_statements",
+                        lambda: profiling.launch_statements(stack, [3, 200]),
+                        "profile",
+                    )
+                    run.item(
+                        "profile:message_bytes",
+                        lambda: profiling.message_bytes(stack, [1, 10, 50, 100, 200]),
+                        "profile",
+                    )
+                    run.item("profile:cpu", lambda: profiling.cpu_profile(stack, 200, 5), "profile")
+            finally:
+                stack.close()
+        if run.wanted("peer"):
+            run.item(
+                "peer",
+                lambda: peer.run(args.director_venv, args.postgres, args.redis, tmp, 200, 3),
+            )
+        if run.wanted("sweep"):
+            sizes = [0, 10_000, 100_000] + ([] if args.quick else [1_000_000])
+            run.item(
+                "sweep",
+                lambda: [sweep.measure(args.postgres, n, 1000, 5) for n in sizes],
+            )
+    finally:
+        release_redis(redis_client)
+        remove_tree(tmp)
+    meta["load_after"] = " / ".join(f"{value:.2f}" for value in os.getloadavg())
+    result = {
+        "meta": meta,
+        **run.results,
+        "errors": run.errors,
+        "item_seconds": run.seconds,
+        "runtime_s": round(time.monotonic() - begun, 1),
+    }
+    report.write_json(result, args.report)
+    if not run.only:
+        _write_docs(result, args)
+    print(f"[bench] wrote {args.report} in {result['runtime_s'] / 60:.1f} min", flush=True)
+    return 1 if run.errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
