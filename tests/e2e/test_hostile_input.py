@@ -60,7 +60,9 @@ STEP = st.fixed_dictionaries(
         "with": st.one_of(
             st.just({"states": [["completed"]]}), st.dictionaries(st.text(max_size=8), JSON)
         ),
-        "timeout": st.one_of(st.floats(), st.integers(), st.text(max_size=5)),
+        "timeout": st.one_of(
+            st.floats(allow_nan=False, allow_infinity=False), st.integers(), st.text(max_size=5)
+        ),
         "poll_interval": st.sampled_from([0.1, 0, -1, "x"]),
         "max_poll_interval": st.sampled_from([0.5, 1e9]),
     },

@@ -133,7 +133,7 @@ def test_hanging_service_parks_the_run_then_its_budget_ends_it(
     assert f"no answer within {bound}" in (parked.steps[0].error or ""), parked.steps[0].error
 
     budget = stack.settings.park_budget_platform_interrupt
-    done, seen = terminal_within_deadline(orch, run.id, owner, timeout=budget + 15)
+    done, seen = terminal_within_deadline(orch, run.id, owner, timeout=budget + 15, live=parked)
     assert (done.status, done.stop_reason) == ("timed_out", "park_expired"), done.error
     assert "platform_interrupt" in (done.error or ""), done.error
     assert done.steps[0].status not in ("running", "parked")

@@ -221,7 +221,7 @@ def test_server_killed_mid_step_parks_then_the_run_ends_by_its_deadline(
     assert "cannot reach" in (parked.steps[0].error or ""), parked.steps[0].error
     server.start()
 
-    done, seen = terminal_within_deadline(orch, run.id, owner, timeout=40)
+    done, seen = terminal_within_deadline(orch, run.id, owner, timeout=40, live=parked)
     assert ("parked", "platform_interrupt") in seen
     # Saved by the dev server before the kill (it saves every ~10 s): the node runs again and
     # the step completes. Not saved: the run is gone and the step fails saying so. The server

@@ -26,14 +26,22 @@ def finished(orch: Orchestrator, run_id: str, owner: str, timeout: float = 30) -
 
 
 def terminal_within_deadline(
-    orch: Orchestrator, run_id: str, owner: str, timeout: float
+    orch: Orchestrator,
+    run_id: str,
+    owner: str,
+    timeout: float,
+    *,
+    live: RunRecord | None = None,
 ) -> tuple[RunRecord, list[tuple[str, str | None]]]:
     """Poll until terminal; the run must end by the last ``deadline_at`` it showed while live.
 
-    Returns the terminal record and the (status, park_reason) pairs seen on the way.
+    ``live`` is a live record the caller already holds (the run may end before the first poll
+    here). Returns the terminal record and the (status, park_reason) pairs seen on the way.
     """
     seen: list[tuple[str, str | None]] = []
-    last_live: RunRecord | None = None
+    if live is not None:
+        seen.append((live.status, live.park_reason))
+    last_live: RunRecord | None = live
     give_up = time.monotonic() + timeout
     while time.monotonic() < give_up:
         record = orch.get(run_id, owner=owner)
