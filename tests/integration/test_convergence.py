@@ -14,8 +14,9 @@ import pytest
 from sqlalchemy import select
 
 from orchestration.db import session_scope, utcnow
+from orchestration.dispatch import client_dispatcher
 from orchestration.models import RunEvent
-from orchestration.processes import ManagedProcess
+from orchestration.processes import ManagedProcess, start_worker
 from orchestration.records import RunRecord
 from orchestration.service import Orchestrator, is_terminal
 from tests.conftest import wait_for
@@ -250,9 +251,20 @@ def test_claim_taken_over_from_a_dead_holder(
     owner: str,
     workers: list[ManagedProcess],
 ) -> None:
+    # The holder runs on a queue only its own worker consumes: the module's shared worker
+    # must not pick its step up, or losing "holder-host" would not lose the holder.
+    apart = stack.settings.model_copy(update={"queue": stack.settings.queue + "-holder"})
     with sweeper_paused(stack):
-        workers.append(stack.start_worker("holder-host"))
-        holder = orch.launch(
+        workers.append(
+            start_worker(
+                stack.env,
+                stack.folder / "holder-host.log",
+                name="holder-host",
+                extra=("-Q", apart.queue),
+            )
+        )
+        workers[0].wait_for_log("ready.", timeout=60)
+        holder = Orchestrator(apart, client_dispatcher(apart)).launch(
             one_step([["running"]], poll_interval=1.0), owner=owner, concurrency_key="repo-1"
         )
         wait_for(lambda: orch.get(holder.id, owner=owner).steps[0].polls >= 2, 20, what="polling")
