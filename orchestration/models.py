@@ -54,7 +54,7 @@ _LIVE_SQL = "status IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(RUN
 
 
 class Base(DeclarativeBase):
-    pass
+    """The declarative base of every table, so one metadata holds the whole schema."""
 
 
 class Run(Base):
