@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint chaos chaos-ci bench ci
+.PHONY: install demo test docs-test lint chaos chaos-ci bench ci
 
 $(VENV)/bin/orchestration:
 	python3 -m venv $(VENV)
@@ -16,6 +16,11 @@ demo: install
 
 test: install
 	$(VENV)/bin/pytest
+
+# Every runnable command block of README.md and docs/*.md, as written, from a fresh shell
+# (docs/contributing.md); needs the services the docs name (PostgreSQL, Redis).
+docs-test: install
+	$(VENV)/bin/pytest -m docs tests/docs
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -11,13 +11,28 @@ Must-be-zero figures (any non-zero fails the run):
   live when the audit starts answers at the audit time. ``worst_lateness_s`` is the largest
   (answer time - deadline) seen, before any excuse: negative means every promise was kept early.
 * ``terminal_exits``: journal rows whose ``from_status`` is terminal (a run or step left an end).
-* ``turns_duplicated``: provider turns per (run, step, attempt) above one.
+* ``turns_duplicated``: ``start`` calls that *began* a turn, per (run, step, attempt) key, above
+  one. The turn figures are counted from the scripted provider's own journal of ``start`` calls
+  (``scripted_start_calls``: key, the provider's clock, what the call did), not from its turn
+  rows: a turn row's key is its primary key, so a second start of a key, or a start after a
+  cancel, leaves no second row.
 * ``turns_unrecorded_attempt``: turns whose key names an attempt the engine never recorded.
-* ``turns_restarted_unexplained``: ``start_calls`` above one on a run no fault touched. A start
-  repeated after a worker died between the provider's commit and the engine's is legitimate (the
-  provider deduplicates it by key); a repeated start with no fault is not.
-* ``turns_started_after_cancel``: a turn started after the run's cancel request committed, after
-  a cancel call returned, or after the run ended; or a start that hit a cancel's tombstone.
+* ``turns_restarted_unexplained``: a ``start`` call on a key that had been called before, which
+  the audit cannot show to be the engine recovering a start whose record it lost. A repeat is
+  legitimate only when the worker died between the provider's commit and the engine's (the
+  provider deduplicates it by key). So it is excused (``turns_restarted_explained``) only when
+  all of these hold: the engine had not recorded the turn by the time of the repeat (no
+  committed write of the step's ``provider_run_id`` for that key before it, from the
+  ``chaos_step_writes`` trigger journal, see :data:`STEP_JOURNAL`); an injected fault that
+  lists this run struck between the previous call and the repeat, so it can have killed the
+  previous call's transaction; and the repeat came before the run's cancel or end.
+* ``turns_started_after_cancel``: a ``start`` call that began a turn after a cancel call
+  returned; or after the run's cancel request (its ``cancelling`` write) or its end (its
+  terminal write) when the step's start claim (``steps.start_claimed_at``, journalled by
+  :data:`STEP_JOURNAL`) had not committed before that write; all to within
+  :data:`CLOCK_RESOLUTION`; or a ``start`` that hit a cancel's tombstone. A start claimed
+  before the request may reach the provider after it, since ``cancel`` waits for that claim
+  before it returns: that is what invariant 2 promises.
 * ``cancels_returned_nonterminal``: hard cancels that returned a live run.
 * ``runs_lost``: launched runs not in the database, or still live at the end.
 * ``journal_breaks``: a journal row whose ``from_status`` is not the previous row's ``to_status``.
@@ -34,7 +49,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
 from chaos.driver import Records
@@ -44,6 +59,55 @@ from orchestration.states import RUN_TERMINAL, STEP_TERMINAL
 
 #: Scheduling and commit slack allowed past a stated deadline (seconds).
 TOLERANCE = 1.0
+
+#: Slack between the provider's clock and the database's when a start call is compared with a
+#: write (seconds). Both read the same machine's clock, so only its resolution is allowed.
+CLOCK_RESOLUTION = 0.001
+
+#: Instrumentation the runner adds beside the run journal (only in the chaos database): every
+#: committed write that records a step's provider turn, with the database clock. A row that
+#: rolled back (the worker died before its commit) leaves nothing, which is exactly what shows
+#: that the engine lost a start it made.
+STEP_JOURNAL = """
+CREATE TABLE chaos_step_writes (
+    id bigserial PRIMARY KEY,
+    key varchar(200),
+    provider_run_id varchar(200) NOT NULL,
+    at timestamptz NOT NULL,
+    app text NOT NULL
+);
+CREATE FUNCTION chaos_note_step() RETURNS trigger AS $$
+BEGIN
+    INSERT INTO chaos_step_writes (key, provider_run_id, at, app)
+    VALUES (NEW.idempotency_key, NEW.provider_run_id, clock_timestamp(),
+            current_setting('application_name'));
+    RETURN NULL;
+END $$ LANGUAGE plpgsql;
+CREATE TABLE chaos_start_claims (
+    id bigserial PRIMARY KEY,
+    key varchar(200),
+    at timestamptz NOT NULL
+);
+CREATE FUNCTION chaos_note_claim() RETURNS trigger AS $$
+BEGIN
+    INSERT INTO chaos_start_claims (key, at) VALUES (NEW.idempotency_key, clock_timestamp());
+    RETURN NULL;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER chaos_claim_update AFTER UPDATE ON steps
+    FOR EACH ROW WHEN (
+        NEW.start_claimed_at IS NOT NULL
+        AND OLD.start_claimed_at IS DISTINCT FROM NEW.start_claimed_at
+    ) EXECUTE FUNCTION chaos_note_claim();
+CREATE TRIGGER chaos_step_insert AFTER INSERT ON steps
+    FOR EACH ROW WHEN (NEW.provider_run_id IS NOT NULL) EXECUTE FUNCTION chaos_note_step();
+CREATE TRIGGER chaos_step_update AFTER UPDATE ON steps
+    FOR EACH ROW WHEN (
+        NEW.provider_run_id IS NOT NULL AND (
+            OLD.provider_run_id IS DISTINCT FROM NEW.provider_run_id
+            OR OLD.idempotency_key IS DISTINCT FROM NEW.idempotency_key
+        )
+    ) EXECUTE FUNCTION chaos_note_step();
+"""
 
 MUST_BE_ZERO = (
     "deadline_misses",
@@ -104,6 +168,27 @@ def _ts(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
 
 
+def _strike(fault: Fault) -> tuple[float, float]:
+    """When ``fault`` could end a worker's open transaction: a kill at the moment the process
+    was gone; a stop while the worker was frozen (the server aborts its idle transaction); a
+    broker restart or a dropped database until the fleet was healed (workers crash or lose
+    their connections in that time)."""
+    if fault.kind.startswith("kill"):
+        return fault.at, fault.at
+    return fault.at, max(fault.at, fault.until or fault.at, fault.healed or fault.at)
+
+
+def instrument(url: str) -> None:
+    """Install :data:`STEP_JOURNAL` in the fresh chaos database at ``url``, before the fleet
+    starts: a write made before it would be missing from the journal."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(STEP_JOURNAL)
+    finally:
+        engine.dispose()
+
+
 class Audit:
     """Reads everything once, then computes the figures."""
 
@@ -131,6 +216,24 @@ class Audit:
             for row in connection.execute(text("SELECT * FROM run_events ORDER BY id")):
                 self.events[row.run_id].append(row)
             self.turns = list(connection.execute(text("SELECT * FROM scripted_turns")).all())
+            self.calls: dict[str, list[Any]] = defaultdict(list)
+            for row in connection.execute(
+                text("SELECT * FROM scripted_start_calls ORDER BY called_at, id")
+            ).all():
+                self.calls[row.key].append(row)
+            #: Key -> when the engine first committed the turn's ``provider_run_id``.
+            self.recorded: dict[str, float] = {
+                row.key: float(row.at.timestamp())
+                for row in connection.execute(
+                    text("SELECT key, min(at) AS at FROM chaos_step_writes GROUP BY key")
+                ).all()
+            }
+            #: Key -> when each start claim of the key committed (database clock).
+            self.claims: dict[str, list[float]] = defaultdict(list)
+            for row in connection.execute(
+                text("SELECT key, at FROM chaos_start_claims ORDER BY at, id")
+            ).all():
+                self.claims[row.key].append(float(row.at.timestamp()))
             self.writes: dict[str, list[Write]] = defaultdict(list)
             for row in connection.execute(
                 text("SELECT * FROM chaos_run_writes ORDER BY at, id")
@@ -308,15 +411,11 @@ class Audit:
                         )
         return count
 
-    def _touched(self) -> set[str]:
-        touched: set[str] = set()
-        for fault in self.faults:
-            touched.update(fault.runs)
-        return touched
-
     def turns_figures(self) -> dict[str, int]:
+        """The turn figures (see the module docstring), from the provider's start journal."""
         figures = Counter(
             {
+                "start_calls": sum(len(calls) for calls in self.calls.values()),
                 "turns_duplicated": 0,
                 "turns_unrecorded_attempt": 0,
                 "turns_restarted_unexplained": 0,
@@ -324,13 +423,9 @@ class Audit:
                 "turns_restarted_explained": 0,
             }
         )
-        per_key = Counter(turn.key for turn in self.turns)
-        for key, count in per_key.items():
-            if count > 1:
-                figures["turns_duplicated"] += 1
-                self._violation("turns_duplicated", key.split(":", 1)[0], f"{count} turns {key}")
-        touched = self._touched()
         stop_at = self._stop_moments()
+        end_at = self._end_moments()
+        requested_at = self._request_moments()
         for turn in self.turns:
             run_id, step_id, attempt_text = turn.key.rsplit(":", 2)
             step = next((s for s in self.steps.get(run_id, []) if s.step_id == step_id), None)
@@ -340,50 +435,146 @@ class Audit:
                 self._violation(
                     "turns_unrecorded_attempt", run_id, f"turn {turn.key} was never recorded"
                 )
-            if turn.start_calls > 1:
-                run = self.runs.get(run_id)
-                if run_id in touched or (run is not None and run.rearms > 0):
+        for key, calls in self.calls.items():
+            run_id = key.rsplit(":", 2)[0]
+            stop = stop_at.get(run_id)
+            requested = requested_at.get(run_id)
+            end = end_at.get(run_id)
+            claims = self.claims.get(key, [])
+
+            def claimed_before(moment: float, claims: list[float] = claims) -> bool:
+                return any(at <= moment + CLOCK_RESOLUTION for at in claims)
+
+            starts = [call for call in calls if call.outcome == "started"]
+            if len(starts) > 1:
+                figures["turns_duplicated"] += len(starts) - 1
+                self._violation(
+                    "turns_duplicated",
+                    run_id,
+                    f"{len(starts)} start calls began turn {key}: "
+                    + ", ".join(f"{call.called_at.timestamp():.3f}" for call in starts),
+                )
+            for previous, call in itertools.pairwise(calls):
+                why_not = self._unexcused_repeat(key, run_id, previous, call, stop)
+                if why_not is None:
                     figures["turns_restarted_explained"] += 1
                 else:
                     figures["turns_restarted_unexplained"] += 1
                     self._violation(
                         "turns_restarted_unexplained",
                         run_id,
-                        f"turn {turn.key} start called {turn.start_calls} times, no fault",
+                        f"start of {key} called again at {call.called_at.timestamp():.3f} "
+                        f"({call.outcome}; previous call {previous.called_at.timestamp():.3f}, "
+                        f"{previous.outcome}): {why_not}",
                     )
-            if turn.provider_run_id == "scripted-cancelled" and turn.start_calls > 0:
-                figures["turns_started_after_cancel"] += 1
-                self._violation(
-                    "turns_started_after_cancel", run_id, f"start hit the tombstone of {turn.key}"
-                )
-            elif turn.started_at is not None and run_id in stop_at:
-                moment, why = stop_at[run_id]
-                if turn.started_at.timestamp() > moment:
+            for call in calls:
+                called = call.called_at.timestamp()
+                if call.outcome == "tombstone":
                     figures["turns_started_after_cancel"] += 1
                     self._violation(
                         "turns_started_after_cancel",
                         run_id,
-                        f"turn {turn.key} started {turn.started_at.timestamp() - moment:.3f}s "
-                        f"after {why}",
+                        f"start of {key} at {called:.3f} hit a cancel's tombstone",
+                    )
+                elif (
+                    call.outcome == "started"
+                    and stop is not None
+                    and called > stop[0] + CLOCK_RESOLUTION
+                ):
+                    figures["turns_started_after_cancel"] += 1
+                    self._violation(
+                        "turns_started_after_cancel",
+                        run_id,
+                        f"start of {key} began a turn {called - stop[0]:.3f}s after {stop[1]}",
+                    )
+                elif (
+                    call.outcome == "started"
+                    and end is not None
+                    and called > end[0] + CLOCK_RESOLUTION
+                    and not claimed_before(end[0])
+                ):
+                    figures["turns_started_after_cancel"] += 1
+                    self._violation(
+                        "turns_started_after_cancel",
+                        run_id,
+                        f"start of {key} began a turn {called - end[0]:.3f}s after {end[1]}, "
+                        "and its claim had not committed before",
+                    )
+                elif (
+                    call.outcome == "started"
+                    and requested is not None
+                    and called > requested + CLOCK_RESOLUTION
+                    and not claimed_before(requested)
+                ):
+                    figures["turns_started_after_cancel"] += 1
+                    self._violation(
+                        "turns_started_after_cancel",
+                        run_id,
+                        f"start of {key} began a turn {called - requested:.3f}s after the "
+                        "cancel request, and its claim had not committed before the request",
                     )
         return dict(figures)
 
+    def _unexcused_repeat(
+        self,
+        key: str,
+        run_id: str,
+        previous: Any,
+        call: Any,
+        stop: tuple[float, str] | None,
+    ) -> str | None:
+        """Why the repeated start ``call`` (after ``previous`` on the same key) is not the
+        engine recovering a start whose record it lost; ``None`` when it is."""
+        before, at = previous.called_at.timestamp(), call.called_at.timestamp()
+        if stop is not None and at > stop[0] + CLOCK_RESOLUTION:
+            return f"it came {at - stop[0]:.3f}s after {stop[1]}"
+        recorded = self.recorded.get(key)
+        if recorded is not None and recorded < at:
+            return f"the engine had recorded the turn {at - recorded:.3f}s before"
+        for fault in self.faults:
+            if not fault.injected or run_id not in fault.runs:
+                continue
+            start, end = _strike(fault)
+            if start <= at + CLOCK_RESOLUTION and before <= end + CLOCK_RESOLUTION:
+                return None
+        near = self._faults_near(before, at)
+        return f"no fault on this run struck between the two calls (faults near: {near})"
+
     def _stop_moments(self) -> dict[str, tuple[float, str]]:
-        """For each run, the first moment after which no turn may start, and why."""
+        """For each run, the first moment after which no turn may start at all, and why: the
+        moment a cancel call returned (invariant 2)."""
         moments: dict[str, tuple[float, str]] = {}
-
-        def note(run_id: str, moment: float, why: str) -> None:
-            if run_id not in moments or moment < moments[run_id][0]:
-                moments[run_id] = (moment, why)
-
-        for run_id, writes in self.writes.items():
-            for write in writes:
-                if write.status == "cancelling" or write.status in _RUN_END:
-                    note(run_id, write.at, f"the run became {write.status}")
-                    break
         for call in self.records.cancels:
             if call.returned is not None and call.status is not None:
-                note(call.run_id, call.returned, f"a {call.kind} cancel returned")
+                moment = call.returned
+                if call.run_id not in moments or moment < moments[call.run_id][0]:
+                    moments[call.run_id] = (moment, f"a {call.kind} cancel returned")
+        return moments
+
+    def _end_moments(self) -> dict[str, tuple[float, str]]:
+        """For each run, its terminal write (database clock). A start claimed before it may
+        still reach the provider after it when the writer was not ``cancel`` (the sweeper, a
+        timeout, a preempting launch do not wait for a start in flight; the start then stops
+        its own turn); any other start after it is a violation."""
+        moments: dict[str, tuple[float, str]] = {}
+        for run_id, writes in self.writes.items():
+            for write in writes:
+                if write.status in _RUN_END:
+                    moments[run_id] = (write.at, f"the run became {write.status}")
+                    break
+        return moments
+
+    def _request_moments(self) -> dict[str, float]:
+        """For each run, its cancel request's ``cancelling`` write (database clock): the
+        request holds the run row's lock from there to its commit, so no start can be claimed
+        after it. The ``at`` of its ``run_events`` row and ``cancel_requested_at`` are the
+        canceller's clock read *before* it waited for that lock."""
+        moments: dict[str, float] = {}
+        for run_id, writes in self.writes.items():
+            for write in writes:
+                if write.status == "cancelling":
+                    moments[run_id] = write.at
+                    break
         return moments
 
     def cancels(self) -> dict[str, int]:

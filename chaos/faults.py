@@ -3,7 +3,8 @@
 Kinds (each names where it strikes; see ``docs/reliability.md``):
 
 * ``kill_start``: SIGKILL the worker whose step is starting its provider turn (caught in the
-  turn's ``INSERT INTO scripted_turns``, inside the transaction that holds the run row);
+  turn's ``INSERT INTO scripted_turns``, after the start claim committed and before the turn
+  is recorded);
 * ``kill_transition``: SIGKILL the worker that is writing a status transition (caught in the
   journal insert, after the compare-and-set, before commit); the caught run's committed status
   rotates over queued, running, waiting, parked and cancelling, so each kind of transition is hit;

@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from chaos.audit import MUST_BE_ZERO, TOLERANCE, Audit
+from chaos.audit import MUST_BE_ZERO, TOLERANCE, Audit, instrument
 from chaos.driver import Driver
 from chaos.faults import KINDS, Injector, fault_plan
 from chaos.fleet import WORKERS, Fleet, app_name
@@ -126,6 +126,7 @@ def run(options: Options) -> dict[str, Any]:
         broker, broker_url, broker_info = _broker(options.broker, folder)
         database = ChaosDatabase(options.database)
         database.create()
+        instrument(database.url("chaos-setup"))
         queue = f"chaos-{uuid.uuid4().hex[:8]}"
         if isinstance(broker, RabbitVhost):
             broker.queue = queue

@@ -7,7 +7,8 @@ It runs beside a worker that uses the same ``ORCH_DATABASE_URL`` and ``ORCH_BROK
 
 Routes (JSON in, JSON out; errors as ``{"error": {"code", "message", "field"}}``):
 
-* ``POST /runs`` ``{"workflow": NAME, "args": {...}}``; header ``Idempotency-Key`` (optional)
+* ``POST /runs`` ``{"workflow": NAME, "args": {...}}``; header ``Idempotency-Key`` (optional;
+  a repeated key returns the same run, 201 as for a new one, as the HTTP API does)
 * ``GET /runs`` (``?status=``, ``?limit=``), ``GET /runs/ID``, ``GET /runs/ID/explain``
 * ``POST /runs/ID/cancel`` (``{"graceful": true}`` to only request it)
 * ``POST /runs/ID/answer`` ``{"step": STEP_ID, "value": ANY_JSON}``
@@ -115,15 +116,15 @@ def create_app(
         name = data.get("workflow")
         if name not in WORKFLOWS:
             raise ValidationError("workflow", f"must be one of {sorted(WORKFLOWS)}")
-        started = orch.clock()
         record = orch.launch(
             WORKFLOWS[name],
             data.get("args"),
             owner=g.owner,
             request_id=request.headers.get("Idempotency-Key"),
         )
-        # The same Idempotency-Key with the same input returns the run it made before.
-        return jsonify(_record(record)), 201 if record.created_at >= started else 200
+        # The same Idempotency-Key with the same input returns the run it made before, with
+        # 201 again: the HTTP API (``orchestration api``) answers the same way.
+        return jsonify(_record(record)), 201
 
     @app.get("/runs")
     def runs() -> Response:

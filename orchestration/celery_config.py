@@ -3,15 +3,45 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, states
+from celery.backends.base import DisabledBackend
+from celery.beat import PersistentScheduler
 
 from orchestration.settings import Settings
 
 #: Task names, one namespace. ``tasks/`` registers bodies under exactly these names.
 STEP_TASK = "orchestration.step.advance"
 SWEEP_TASK = "orchestration.sweeper.sweep"
+STOP_TASK = "orchestration.turns.stop"
+
+
+class NoResultBackend(DisabledBackend):  # type: ignore[misc]
+    """The result backend of a deployment that keeps no results.
+
+    A worker's ``revoke`` handler asks the app's backend for the state of each revoked task
+    that is not executing, to mark it revoked (``celery.worker.control._revoke``). Celery's
+    ``DisabledBackend`` raises there, so every cancel logged "Failed to mark task ... as
+    revoked in backend: No result backend is configured". A backend that keeps nothing knows
+    no task, which Celery calls ``PENDING`` ("waiting or unknown"); storing stays a no-op and
+    fetching a result still raises.
+    """
+
+    def get_state(self, task_id: str) -> str:
+        return str(states.PENDING)
+
+    get_status = get_state
+
+
+class FolderCreatingScheduler(PersistentScheduler):  # type: ignore[misc]
+    """Celery's file-backed beat schedule, whose folder is created when missing: ``shelve``
+    does not create it, and beat then exits logging only ``FileNotFoundError``."""
+
+    def setup_schedule(self) -> None:
+        Path(self.schedule_filename).parent.mkdir(parents=True, exist_ok=True)
+        super().setup_schedule()
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -23,9 +53,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_serializer": "json",
         "event_serializer": "json",
         "accept_content": ["json"],
-        # Outputs pass between steps through the database; no result backend is needed.
+        # Outputs pass between steps through the database; no result backend is needed, and
+        # the one configured keeps nothing without failing a revoke (see NoResultBackend).
         "task_ignore_result": True,
-        "result_backend": None,
+        "result_backend": f"{__name__}:NoResultBackend",
+        "beat_scheduler": f"{__name__}:FolderCreatingScheduler",
         # A message is acknowledged only after its task body returns; one message at a time.
         "task_acks_late": True,
         "worker_prefetch_multiplier": 1,

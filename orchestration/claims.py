@@ -111,16 +111,13 @@ def _stop_later(
     session: Session, settings: Settings, dispatcher: Dispatcher | None, run: Run
 ) -> None:
     """After the ending commits, revoke the run's tasks and cancel its provider turns."""
-    lock_run(session, run.id, utcnow())
+    now = utcnow()
+    lock_run(session, run.id, now)
     task_ids = list(run.task_ids)
     live = turns.live_turns(session, run)
-
-    def stop() -> None:
-        if dispatcher is not None:
-            dispatcher.revoke(task_ids, terminate=True)
-        turns.stop(settings, live)
-
-    after_commit(session, stop)
+    if dispatcher is not None:
+        after_commit(session, lambda: dispatcher.revoke(task_ids, terminate=True))
+    turns.stop_later(session, settings, dispatcher, turns.pending(live), now)
 
 
 def release(

@@ -1,7 +1,9 @@
 """The ``orchestration`` command line.
 
 Every command that acts on runs takes ``--owner`` (default ``ORCH_OWNER``). ``--json`` prints
-records for programs; errors go to stderr with a non-zero exit and no traceback.
+records for programs; errors go to stderr as one line with exit status 2 and no traceback.
+Every command reads and checks the settings first, so a bad ``ORCH_`` variable is reported
+before anything starts.
 """
 
 from __future__ import annotations
@@ -14,14 +16,35 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from typer._click import Context as ClickContext  # typer vendors click; its groups take this
+from typer.core import TyperGroup
 
-from orchestration.errors import OrchestrationError, ValidationError
+from orchestration.errors import ConfigurationError, OrchestrationError, ValidationError
 from orchestration.records import RunRecord
 from orchestration.settings import get_settings
 from orchestration.states import RUN_TERMINAL, RunStatus
 
+
+class _SettingsFirst(TyperGroup):
+    """The command group that reads and checks the settings before any command runs: a bad
+    ``ORCH_`` variable is one line before a worker, beat or the demo starts (and before
+    ``tasks`` is imported, which reads them at import). Here, unlike in a callback, the
+    command's own arguments are still visible, so ``--json`` gets a JSON error."""
+
+    def invoke(self, ctx: ClickContext) -> Any:
+        if not ctx.resilient_parsing and "--help" not in ctx.args:
+            try:
+                get_settings()
+            except ConfigurationError as exc:
+                _fail(exc, "--json" in ctx.args)
+        return super().invoke(ctx)
+
+
 app = typer.Typer(
+    cls=_SettingsFirst,
     help="Run AI-agent workflows on Celery; every run ends.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -107,15 +130,34 @@ def _show(record: RunRecord) -> None:
     out.print(table)
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def _fail(exc: OrchestrationError, as_json: bool) -> NoReturn:
+    """Report ``exc`` as one line on stderr (JSON with ``--json``) and exit 2."""
     if as_json:
         body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
         if isinstance(exc, ValidationError):
             body["field"] = exc.field
         sys.stderr.write(json.dumps({"error": body}) + "\n")
     else:
-        err.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+        _error_line(str(exc))
     raise typer.Exit(2)
+
+
+def _error_line(message: str) -> None:
+    # Escaped, because a message may quote user input such as ``[/]``; never wrapped, so a
+    # program reading stderr gets exactly one line.
+    err.print(f"[red]error:[/] {escape(_one_line(message))}", soft_wrap=True, highlight=False)
+
+
+def _database_error(exc: SQLAlchemyError) -> str:
+    """The driver's own first line (e.g. "connection refused"), without SQLAlchemy's SQL echo
+    and documentation link."""
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    return f"database: {first}"
 
 
 def _json_arg(text: str | None, field: str) -> Any:
@@ -332,7 +374,13 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     """Create or migrate the schema (Alembic)."""
     from orchestration.db import upgrade
 
-    upgrade(get_settings().database_url, revision)
+    try:
+        upgrade(get_settings().database_url, revision)
+    except OrchestrationError as exc:
+        _fail(exc, False)
+    except SQLAlchemyError as exc:
+        _error_line(_database_error(exc))
+        raise typer.Exit(2) from None
     out.print(f"database at revision {revision}")
 
 
@@ -355,9 +403,13 @@ _register_extensions()
 
 
 def main() -> None:
-    """Entry point: configuration errors are reported like any other error."""
+    """Entry point: an error a command did not report itself (a configuration error, a
+    database that cannot be reached) is still one line and exit status 2."""
     try:
         app()
     except OrchestrationError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        _error_line(str(exc))
+        sys.exit(2)
+    except SQLAlchemyError as exc:
+        _error_line(_database_error(exc))
         sys.exit(2)

@@ -17,11 +17,18 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestration.errors import DatabaseNotReady
+from orchestration.errors import ConfigurationError, DatabaseNotReady
 
 LOG = logging.getLogger(__name__)
+#: How to install each driver this project can use, by SQLAlchemy driver name.
+DRIVER_PACKAGES = {
+    "psycopg": "psycopg[binary]",
+    "psycopg2": "psycopg2-binary",
+    "pg8000": "pg8000",
+}
 _ENGINES: dict[str, Engine] = {}
 _FACTORIES: dict[str, sessionmaker[Session]] = {}
 
@@ -39,6 +46,30 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def missing_driver_hint(driver: str, exc: ImportError) -> str:
+    """One line naming the command that installs a database driver that failed to import."""
+    package = DRIVER_PACKAGES.get(driver, exc.name or driver)
+    return (
+        f"the database driver {driver!r} is not installed (no module {exc.name!r}): "
+        f"run `pip install '{package}'`"
+    )
+
+
+def _sqlite_folder(url: str) -> None:
+    """Create a SQLite file's folder: SQLite creates the file but not its folder, and says only
+    "unable to open database file" when the folder is missing."""
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    folder = Path(database).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot create the folder {str(folder)!r} of the SQLite database: {exc.strerror}"
+        ) from None
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     # WAL lets readers (the dashboard, ``show``) proceed while a worker writes.
@@ -52,17 +83,33 @@ def get_engine(url: str) -> Engine:
     """One engine per URL per process (Celery prefork children build their own after fork)."""
     url = normalize_url(url)
     if url not in _ENGINES:
-        kwargs: dict[str, Any] = {"future": True}
+        # SQL parameters hold step inputs and outputs: never put them in error messages.
+        kwargs: dict[str, Any] = {"future": True, "hide_parameters": True}
         if url.startswith("sqlite"):
+            _sqlite_folder(url)
             kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
         else:
             kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5, pool_recycle=1800)
-        engine = create_engine(url, **kwargs)
+        engine = _create_engine(url, kwargs)
         if url.startswith("sqlite"):
             event.listen(engine, "connect", _sqlite_pragmas)
         _ENGINES[url] = engine
         _FACTORIES[url] = sessionmaker(engine, expire_on_commit=False)
     return _ENGINES[url]
+
+
+def _create_engine(url: str, kwargs: dict[str, Any]) -> Engine:
+    """``create_engine``, with a missing driver or an unknown dialect as one line."""
+    parsed = make_url(url)
+    try:
+        return create_engine(url, **kwargs)
+    except NoSuchModuleError:
+        raise ConfigurationError(
+            f"{parsed.drivername!r} is not a database SQLAlchemy knows; use sqlite:///PATH or "
+            "postgresql://USER@HOST/DATABASE"
+        ) from None
+    except ImportError as exc:
+        raise ConfigurationError(missing_driver_hint(parsed.get_dialect().driver, exc)) from None
 
 
 def dispose_engines(*, after_fork: bool = False) -> None:
@@ -120,7 +167,9 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the schema to ``revision`` (``orchestration db upgrade``)."""
+    """Bring the schema to ``revision`` (``orchestration db upgrade``). Raises
+    :class:`ConfigurationError` for a missing driver or a SQLite folder that cannot be made."""
+    get_engine(url)
     command.upgrade(alembic_config(url), revision)
 
 

@@ -3,12 +3,15 @@
 It starts an embedded broker, uses SQLite in a temporary folder, starts a real prefork worker
 process, launches the example workflow (whose first step settles at ``idle``), shows progress
 live, cancels a second run mid-flight, prints both final records, and shuts everything down
-in order (worker, then broker), leaving no process behind.
+in order (worker, then broker), leaving no process and no temporary folder behind, also
+when it fails or is interrupted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +20,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from orchestration.db import upgrade
+from orchestration.db import dispose_engines, upgrade
 from orchestration.dispatch import client_dispatcher
 from orchestration.embedded import EmbeddedBroker
 from orchestration.processes import start_worker
@@ -56,10 +59,20 @@ def _table(records: list[RunRecord]) -> Table:
 
 def run_demo(console: Console) -> int:
     """Run the demo; return 0 when the first run completed and the second was cancelled."""
+    folder = Path(tempfile.mkdtemp(prefix="orchestration-demo-"))
+    try:
+        return _run(console, folder)
+    finally:
+        # The folder holds only this demo's database and worker log; the engines that keep
+        # its SQLite files open go first.
+        dispose_engines()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(console: Console, folder: Path) -> int:
     from orchestration.cli import _show
     from orchestration.service import Orchestrator
 
-    folder = Path(tempfile.mkdtemp(prefix="orchestration-demo-"))
     with EmbeddedBroker() as broker:
         env = {
             **os.environ,
@@ -101,17 +114,25 @@ def _watch(console: Console, orch: object, first_id: str, second_id: str) -> flo
     assert isinstance(orch, Orchestrator)
     cancel_seconds = float("nan")
     deadline = time.monotonic() + 90
-    with Live(console=console, refresh_per_second=8) as live:
+    table = _table([])
+    # Live redraws in place on a terminal only; piped, it would print its last frame without
+    # a final newline, glued to what comes next. There the final table is printed once.
+    live = Live(console=console, refresh_per_second=8) if console.is_terminal else None
+    with live or contextlib.nullcontext():
         while time.monotonic() < deadline:
             records = [orch.get(run_id, owner="demo") for run_id in (first_id, second_id)]
-            live.update(_table(records))
+            table = _table(records)
             second = records[1]
             if second.status not in RUN_TERMINAL and second.steps[0].polls >= 3:
                 started = time.perf_counter()
                 cancelled = orch.cancel(second_id, owner="demo")
                 cancel_seconds = time.perf_counter() - started
-                live.update(_table([records[0], cancelled]))
+                table = _table([records[0], cancelled])
+            if live is not None:
+                live.update(table)
             if all(RunStatus(r.status) in RUN_TERMINAL for r in records):
                 break
             time.sleep(0.2)
+    if live is None:
+        console.print(table)
     return cancel_seconds

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from celery import Celery, chain
 
-from orchestration.celery_config import STEP_TASK, configure
+from orchestration.celery_config import STEP_TASK, STOP_TASK, configure
 from orchestration.settings import Settings
 
 
@@ -59,6 +59,9 @@ class Dispatcher(Protocol):
     def revoke(self, task_ids: list[str], *, terminate: bool) -> None:
         """Revoke the tasks in every worker (best effort; the database stays the truth)."""
 
+    def stop_turns(self, turns: list[tuple[str, int]]) -> None:
+        """Enqueue the provider cancel of each ``(run_id, step index)`` turn."""
+
 
 class CeleryDispatcher:
     """A :class:`Dispatcher` over a Celery app."""
@@ -89,6 +92,15 @@ class CeleryDispatcher:
                 task_ids, terminate=terminate, signal=self.settings.revoke_signal
             )
 
+    def stop_turns(self, turns: list[tuple[str, int]]) -> None:
+        for run_id, index in turns:
+            self.app.send_task(
+                STOP_TASK,
+                args=(run_id, index),
+                queue=self.settings.queue,
+                argsrepr=f"(run={run_id}, step={index})",
+            )
+
 
 @lru_cache(maxsize=4)
 def _client_app(settings: Settings) -> Celery:
@@ -116,3 +128,6 @@ class DuplicatingDispatcher:
 
     def revoke(self, task_ids: list[str], *, terminate: bool) -> None:
         self.inner.revoke(task_ids, terminate=terminate)
+
+    def stop_turns(self, turns: list[tuple[str, int]]) -> None:
+        self.inner.stop_turns(turns)

@@ -20,10 +20,12 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestration import providers, turns
+from orchestration import bounds, providers, turns
 from orchestration.db import session_scope
+from orchestration.egress import entry_for, host_port
 from orchestration.errors import ProviderError
 from orchestration.models import Checkpoint, Effect, Run, Step
+from orchestration.providers.http import allow_list, exchange
 from orchestration.settings import Settings
 from orchestration.states import EffectStatus
 
@@ -150,7 +152,13 @@ def _attempt(
         else:
             _post_webhook(settings, payload)
     except (ProviderError, httpx.HTTPError, ValueError) as exc:
-        error = str(exc) or type(exc).__name__
+        error = bounds.error_text(str(exc) or type(exc).__name__, settings)
+    if error is None and kind == CHECKPOINT:
+        # The snapshot is what a provider returned: redacted and bounded like an output.
+        state = bounds.json_value(state, settings)
+        error = bounds.over(
+            state, settings.max_output_bytes, "the checkpoint", "ORCH_MAX_OUTPUT_BYTES"
+        )
     with session_scope(settings.database_url) as session:
         if error is None:
             if kind == CHECKPOINT:
@@ -189,7 +197,24 @@ def _store_checkpoint(
 
 
 def _post_webhook(settings: Settings, payload: dict[str, Any]) -> None:
-    assert settings.webhook_url is not None
-    response = httpx.post(settings.webhook_url, json=payload, timeout=settings.webhook_timeout)
-    if response.status_code >= 300:
-        raise ValueError(f"webhook answered HTTP {response.status_code}")
+    """POST ``payload`` to the operator's URL within ``ORCH_WEBHOOK_TIMEOUT``, DNS to last
+    byte, like a provider call. Its own host and port are allowed on top of
+    ``ORCH_PROVIDER_HOSTS`` (the operator wrote them; a name of it that resolves to a
+    metadata or link-local address is still refused unless listed). A redirect or a non-2xx
+    answer raises ``ProviderError``; no retry within the call once the request was sent (the
+    outbox retries)."""
+    url = settings.webhook_url
+    assert url is not None
+    found = host_port(url)
+    if found is None:
+        raise ValueError(f"ORCH_WEBHOOK_URL {url!r} is not an http(s) URL")
+    allow = allow_list(settings).including(entry_for(*found))
+    with exchange(settings, bound=settings.webhook_timeout, allow=allow) as http:
+        http.send(
+            "POST",
+            url,
+            what="webhook",
+            json_body=payload,
+            accept=range(200, 300),
+            repeatable=False,
+        )

@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestration.deadlines import heartbeat_expiry, park_expiry
 from orchestration.records import RunRecord, StepRecord
-from orchestration.settings import Settings
+from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import Health, ParkReason, RunStatus
 
 
@@ -30,6 +30,19 @@ def _current(record: RunRecord) -> StepRecord | None:
     if 0 <= record.current_step < len(record.steps):
         return record.steps[record.current_step]
     return None
+
+
+def _next_poll(settings: Settings, due: datetime | None, now: datetime) -> str:
+    """The next poll, said truthfully: one due in the past is overdue, and what it waits
+    for is a worker (with none up, an answered or re-armed run waits here)."""
+    if due is None:
+        return "a worker picks up the step task"
+    if now - due <= timedelta(seconds=MARGIN_SECONDS):
+        return f"the next poll at {_at(due)}"
+    return (
+        f"the next poll, overdue since {_at(due)} ({_ago(now, due)}): it waits for a worker "
+        f"consuming queue {settings.queue!r}"
+    )
 
 
 def _stalled(
@@ -111,7 +124,7 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
     else:
         last = step.last_provider_status if step else None
         why = f"{where} is polling its provider turn (last status {last!r})"
-        next_move = f"the next poll at {_at(step.next_poll_at if step else None)}"
+        next_move = _next_poll(settings, step.next_poll_at if step else None, now)
     if record.health == Health.STALLED:
         why, next_move = _stalled(settings, record, status, why, now)
     summary = {

@@ -1,21 +1,34 @@
 """Prometheus metrics computed from the database at scrape time, plus the process's own.
 
 The database is the truth about runs, so these are read from it, not counted in a process
-that may restart: live runs by status and health (health is derived, so live rows are read
-and derived, through the partial index ``ix_runs_live``), terminal runs by status, terminal
-transitions by stop reason (from ``run_events``), cancel-to-terminal latency, live runs past
-their ``deadline_at`` (the sweeper's promise is that this reads 0), and the sweeper's age.
+that may restart. ``/metrics`` is unauthenticated and may be scraped by anyone every few
+seconds, so a scrape never reads a run's payloads or the event journal, and its cost does
+not grow with history (issue 10). Three column-only statements on ``runs``, each through an
+index:
 
-Terminal counts, stop reasons and the latency histogram scan history, aggregated in SQL; a
-scrape every 15-60 s is cheap for up to millions of runs.
+* terminal runs by status and stop reason, from ``ix_runs_finished``. A terminal status is
+  final and is written with its stop reason by the one transition that enters it, so this
+  *is* the count of terminal transitions in ``run_events``, without reading the journal.
+  Runs that finished more than :data:`SETTLE` ago can no longer change, so their totals are
+  read once per process and kept; a scrape reads only the runs finished since;
+* the cancel-to-terminal histogram over cancelled runs (``ix_runs_cancel_latency``), kept
+  the same way;
+* live runs by status, health (:func:`~orchestration.summaries.health_expression`, in SQL)
+  and past ``deadline_at``: one ``GROUP BY`` over the live rows only (``ix_runs_live``);
+
+plus the sweeper's age (its one-row table).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from itertools import accumulate
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -28,12 +41,12 @@ from prometheus_client.metrics_core import (
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import ColumnElement, case, func, select
-from sqlalchemy.orm import Session, lazyload
+from sqlalchemy.engine import make_url
 
+from orchestration import summaries
 from orchestration.db import session_scope, utcnow
-from orchestration.health import derive
 from orchestration.liveness import sweeper_age
-from orchestration.models import Run, RunEvent
+from orchestration.models import Run
 from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, RUN_TERMINAL, STOP_REASONS, Health, RunStatus
 
@@ -43,23 +56,64 @@ LOG = logging.getLogger(__name__)
 #: second; a graceful one may take up to ``ORCH_CANCEL_GRACE`` plus a sweep.
 CANCEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
+#: Terminal runs are final: once a run has been terminal this long, its status, stop reason
+#: and cancel latency can no longer change or still be uncommitted, so its share of the
+#: totals is read once (see :class:`RunMetrics`). Far above the longest a writer holds a
+#: transition uncommitted (``lock_release_seconds``) plus the clock skew between hosts.
+SETTLE = timedelta(hours=1)
+
 _LIVE = sorted(s.value for s in RUN_LIVE)
 _TERMINAL = sorted(s.value for s in RUN_TERMINAL)
 
 
-def _seconds(session: Session, start: Any, end: Any) -> ColumnElement[Any]:
-    """``end - start`` in seconds, in SQL (PostgreSQL or SQLite)."""
-    if session.get_bind().dialect.name == "postgresql":
-        return func.extract("epoch", end - start)
-    return (func.julianday(end) - func.julianday(start)) * 86400.0
+def _latency(database_url: str) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """The bucket index of a cancelled run's ``finished_at - cancel_requested_at``, and the sum
+    of those latencies in seconds, in SQL.
+
+    On PostgreSQL the buckets compare intervals: ``EXTRACT(epoch …)`` is ``numeric`` there,
+    and a dozen numeric comparisons per row made this the dearest statement of a scrape.
+    """
+    start, end = Run.cancel_requested_at, Run.finished_at
+    if make_url(database_url).get_backend_name() == "postgresql":
+        latency: ColumnElement[Any] = end - start
+        limits: list[Any] = [timedelta(seconds=le) for le in CANCEL_BUCKETS]
+        total: ColumnElement[Any] = func.extract("epoch", func.sum(latency))
+    else:
+        latency = (func.julianday(end) - func.julianday(start)) * 86400.0
+        limits = list(CANCEL_BUCKETS)
+        total = func.sum(latency)
+    bucket = case(
+        *((latency <= limit, index) for index, limit in enumerate(limits)),
+        else_=len(limits),
+    )
+    return bucket, total
+
+
+@dataclass
+class _Settled:
+    """Totals over the terminal runs that finished before ``until`` (see :data:`SETTLE`)."""
+
+    until: datetime | None = None
+    #: Terminal runs by (status, stop_reason).
+    ended: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: Cancelled runs per latency bucket (not cumulative), and their summed latency.
+    latency: list[int] = field(default_factory=lambda: [0] * (len(CANCEL_BUCKETS) + 1))
+    latency_seconds: float = 0.0
 
 
 class RunMetrics(Collector):
-    """A collector that reads the runs tables at each scrape."""
+    """A collector that reads the runs table at each scrape.
+
+    Terminal runs are final, so the totals over the settled ones (finished more than
+    :data:`SETTLE` ago) are read once and kept; each scrape reads only the runs that finished
+    since the last one settled, plus the live runs.
+    """
 
     def __init__(self, settings: Settings, clock: Callable[[], datetime] = utcnow) -> None:
         self.settings = settings
         self.clock = clock
+        self._settled = _Settled()
+        self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
@@ -67,7 +121,8 @@ class RunMetrics(Collector):
             "1 if the last scrape could read the database, else 0.",
         )
         try:
-            families = list(self._from_database(self.clock()))
+            with self._lock:
+                families = list(self._from_database(self.clock()))
         except Exception:
             LOG.exception("metrics: cannot read the database")
             up.add_metric([], 0)
@@ -78,6 +133,85 @@ class RunMetrics(Collector):
         yield from families
 
     def _from_database(self, now: datetime) -> Iterator[Metric]:
+        before = self._settled
+        cutoff = max(now - SETTLE, before.until or now - SETTLE)
+        # Rows finished before ``before.until`` are in its totals already.
+        unread = (
+            Run.finished_at.is_not(None)
+            if before.until is None
+            else Run.finished_at >= before.until
+        )
+        settles = Run.finished_at < cutoff
+        bucket, total = _latency(self.settings.database_url)
+        with session_scope(self.settings.database_url) as session:
+            finished = session.execute(
+                select(Run.status, Run.stop_reason, settles, func.count())
+                .where(summaries.terminal(), unread)
+                .group_by(Run.status, Run.stop_reason, settles)
+            ).all()
+            cancelled = session.execute(
+                select(bucket, settles, func.count(), total)
+                .where(
+                    summaries.status_in([RunStatus.CANCELLED.value]),
+                    Run.cancel_requested_at.is_not(None),
+                    unread,
+                )
+                .group_by(bucket, settles)
+            ).all()
+            health = summaries.health_expression(self.settings, now)
+            live = [
+                (str(status), str(state), int(count), int(past))
+                for status, state, count, past in session.execute(
+                    select(
+                        Run.status,
+                        health,
+                        func.count(),
+                        func.coalesce(func.sum(case((Run.deadline_at < now, 1), else_=0)), 0),
+                    )
+                    .where(summaries.live())
+                    .group_by(Run.status, health)
+                )
+            ]
+        settled = _Settled(cutoff, Counter(before.ended), list(before.latency))
+        settled.latency_seconds = before.latency_seconds
+        ended = Counter(before.ended)
+        for status, reason, settling, count in finished:
+            ended[(status, str(reason))] += count
+            if settling:
+                settled.ended[(status, str(reason))] += count
+        latency = list(before.latency)
+        latency_seconds = before.latency_seconds
+        for index, settling, count, seconds in cancelled:
+            latency[int(index)] += count
+            latency_seconds += float(seconds or 0.0)
+            if settling:
+                settled.latency[int(index)] += count
+                settled.latency_seconds += float(seconds or 0.0)
+        self._settled = settled
+
+        yield self._runs(ended, live)
+        yield self._transitions(ended)
+        yield self._histogram(latency, latency_seconds)
+
+        deadline = GaugeMetricFamily(
+            "orchestration_runs_past_deadline",
+            "Live runs whose deadline_at has passed; the sweeper keeps this at 0.",
+        )
+        deadline.add_metric([], sum(past for *_, past in live))
+        yield deadline
+
+        sweeper = GaugeMetricFamily(
+            "orchestration_sweeper_last_pass_age_seconds",
+            "Seconds since the sweeper's last pass (+Inf if it never ran).",
+        )
+        age = sweeper_age(self.settings, now)
+        sweeper.add_metric([], float("inf") if age is None else age)
+        yield sweeper
+
+    @staticmethod
+    def _runs(
+        ended: Counter[tuple[str, str]], live: list[tuple[str, str, int, int]]
+    ) -> GaugeMetricFamily:
         runs = GaugeMetricFamily(
             "orchestration_runs",
             "Runs by status and health: live runs (health derived now) and terminal runs "
@@ -91,37 +225,19 @@ class RunMetrics(Collector):
             if health is not Health.ENDED
         }
         counts.update({(status, Health.ENDED.value): 0 for status in _TERMINAL})
-        with session_scope(self.settings.database_url) as session:
-            live = session.scalars(
-                select(Run).where(Run.status.in_(_LIVE)).options(lazyload(Run.steps))
-            ).all()
-            for run in live:
-                counts[(run.status, derive(self.settings, run, now).value)] += 1
-            terminal = session.execute(
-                select(Run.status, func.count())
-                .where(Run.status.in_(_TERMINAL))
-                .group_by(Run.status)
-            ).all()
-            for status, count in terminal:
-                counts[(status, Health.ENDED.value)] = count
-            past = session.scalar(
-                select(func.count())
-                .select_from(Run)
-                .where(Run.status.in_(_LIVE), Run.deadline_at < now)
-            )
-            stops = session.execute(
-                select(RunEvent.to_status, RunEvent.stop_reason, func.count())
-                .where(RunEvent.step_id.is_(None), RunEvent.stop_reason.is_not(None))
-                .group_by(RunEvent.to_status, RunEvent.stop_reason)
-            ).all()
-            latency = self._cancel_latency(session)
+        for (status, _), count in ended.items():
+            counts[(status, Health.ENDED.value)] += count
+        for status, health, count, _ in live:
+            counts[(status, health)] = count
         for (status, health), count in sorted(counts.items()):
             runs.add_metric([status, health], count)
-        yield runs
+        return runs
 
+    @staticmethod
+    def _transitions(ended: Counter[tuple[str, str]]) -> CounterMetricFamily:
         transitions = CounterMetricFamily(
             "orchestration_run_terminal_transitions",
-            "Runs that reached a terminal status, by status and stop_reason (run_events).",
+            "Runs that reached a terminal status, by status and stop_reason.",
             labels=["status", "stop_reason"],
         )
         by_reason = {
@@ -129,55 +245,24 @@ class RunMetrics(Collector):
             for status, reasons in STOP_REASONS.items()
             for reason in reasons
         }
-        by_reason.update({(status, str(reason)): count for status, reason, count in stops})
+        by_reason.update(ended)
         for (status, reason), count in sorted(by_reason.items()):
             transitions.add_metric([status, reason], count)
-        yield transitions
+        return transitions
 
-        yield latency
-
-        deadline = GaugeMetricFamily(
-            "orchestration_runs_past_deadline",
-            "Live runs whose deadline_at has passed; the sweeper keeps this at 0.",
-        )
-        deadline.add_metric([], past or 0)
-        yield deadline
-
-        sweeper = GaugeMetricFamily(
-            "orchestration_sweeper_last_pass_age_seconds",
-            "Seconds since the sweeper's last pass (+Inf if it never ran).",
-        )
-        age = sweeper_age(self.settings, now)
-        sweeper.add_metric([], float("inf") if age is None else age)
-        yield sweeper
-
-    def _cancel_latency(self, session: Session) -> HistogramMetricFamily:
-        seconds = _seconds(session, Run.cancel_requested_at, Run.finished_at)
-        row = session.execute(
-            select(
-                func.count(),
-                func.coalesce(func.sum(seconds), 0.0),
-                *(
-                    func.coalesce(func.sum(case((seconds <= le, 1), else_=0)), 0)
-                    for le in CANCEL_BUCKETS
-                ),
-            ).where(
-                Run.status == RunStatus.CANCELLED.value,
-                Run.cancel_requested_at.is_not(None),
-                Run.finished_at.is_not(None),
-            )
-        ).one()
-        total, total_seconds, *cumulative = row
+    @staticmethod
+    def _histogram(per_bucket: list[int], total_seconds: float) -> HistogramMetricFamily:
+        cumulative = list(accumulate(per_bucket))
         buckets = [
             (str(float(le)), float(count))
-            for le, count in zip(CANCEL_BUCKETS, cumulative, strict=True)
+            for le, count in zip(CANCEL_BUCKETS, cumulative, strict=False)
         ]
-        buckets.append(("+Inf", float(total)))
+        buckets.append(("+Inf", float(cumulative[-1])))
         return HistogramMetricFamily(
             "orchestration_cancel_to_terminal_seconds",
             "From cancel_requested_at to finished_at, over cancelled runs.",
             buckets=buckets,
-            sum_value=float(total_seconds),
+            sum_value=total_seconds,
         )
 
 

@@ -90,6 +90,31 @@ class Run(Base):
             postgresql_where=text(_LIVE_SQL + " AND concurrency_key IS NOT NULL"),
             sqlite_where=text(_LIVE_SQL + " AND concurrency_key IS NOT NULL"),
         ),
+        # Cheap reads (issue 10): a list filtered by status, or by a live health, reads only
+        # the rows it returns; /metrics counts from indexes, never from the event journal.
+        Index("ix_runs_owner_status_created", "owner", "status", "created_at"),
+        Index(
+            "ix_runs_owner_live",
+            "owner",
+            "created_at",
+            postgresql_where=text(_LIVE_SQL),
+            sqlite_where=text(_LIVE_SQL),
+        ),
+        Index(
+            "ix_runs_finished",
+            "finished_at",
+            "status",
+            "stop_reason",
+            postgresql_where=text("finished_at IS NOT NULL"),
+            sqlite_where=text("finished_at IS NOT NULL"),
+        ),
+        Index(
+            "ix_runs_cancel_latency",
+            "finished_at",
+            "cancel_requested_at",
+            postgresql_where=text("status = 'cancelled'"),
+            sqlite_where=text("status = 'cancelled'"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -168,6 +193,12 @@ class Step(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     next_poll_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    #: The provider cancel of this step's turn once the run ended it: ``{status, attempts,
+    #: error, at}`` (status a :class:`~orchestration.states.TurnStopStatus`), else ``None``.
+    turn_stop: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    #: When the current execution claimed the provider start (cleared once the call's outcome
+    #: is recorded): ``cancel`` waits for a live claim, bounded by one provider call.
+    start_claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
     run: Mapped[Run] = relationship(back_populates="steps")
 

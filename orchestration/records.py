@@ -37,6 +37,8 @@ class StepRecord(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     next_poll_at: datetime | None
+    #: The provider cancel of the turn once the run ended it: ``{status, attempts, error, at}``.
+    turn_stop: Any = None
 
 
 class RunRecord(BaseModel):

@@ -19,14 +19,22 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import cancellation, claims, launching
+from orchestration import cancellation, claims, launching, summaries
 from orchestration.db import check_ready, session_scope, utcnow
 from orchestration.dispatch import Dispatcher, client_dispatcher
 from orchestration.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
 from orchestration.models import Run, RunEvent, Step
 from orchestration.records import RunRecord, to_record
 from orchestration.settings import Settings, get_settings
-from orchestration.states import RUN_TERMINAL, ParkReason, RunStatus, StepStatus, StopReason
+from orchestration.states import (
+    RUN_TERMINAL,
+    Health,
+    ParkReason,
+    RunStatus,
+    StepStatus,
+    StopReason,
+)
+from orchestration.summaries import RunSummary
 from orchestration.transitions import touch_run, transition_run, transition_step
 
 #: Most runs one ``list`` call returns.
@@ -65,24 +73,37 @@ class Orchestrator:
         *,
         owner: str,
         status: str | None = None,
+        health: str | None = None,
         limit: int = 50,
         before: datetime | None = None,
-    ) -> builtins.list[RunRecord]:
-        """The owner's runs, newest first; ``before`` (a ``created_at``) pages back."""
+    ) -> builtins.list[RunSummary]:
+        """The owner's runs as summaries (no workflow, args, result or step payloads), newest
+        first; ``before`` (a ``created_at``) pages back. ``get`` gives a run's full record.
+
+        Raises :class:`ValidationError` for an unknown status or health, or ``limit`` outside
+        1..``MAX_PAGE``.
+        """
         if status is not None and status not in {s.value for s in RunStatus}:
             raise ValidationError(
                 "status", f"unknown status {status!r}; one of {[s.value for s in RunStatus]}"
             )
+        if health is not None and health not in {h.value for h in Health}:
+            raise ValidationError(
+                "health", f"unknown health {health!r}; one of {[h.value for h in Health]}"
+            )
         if not 1 <= limit <= MAX_PAGE:
             raise ValidationError("limit", f"must be between 1 and {MAX_PAGE}")
-        query = select(Run).where(Run.owner == owner)
-        if status is not None:
-            query = query.where(Run.status == status)
-        if before is not None:
-            query = query.where(Run.created_at < before)
-        query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
         with session_scope(self.settings.database_url) as session:
-            return [self._record(session, run) for run in session.scalars(query).all()]
+            return summaries.listing(
+                session,
+                self.settings,
+                owner=owner,
+                now=self.clock(),
+                status=status,
+                health=health,
+                limit=limit,
+                before=before,
+            )
 
     def explain(self, run_id: str, *, owner: str) -> dict[str, Any]:
         """Why the run is where it is, what moves it next and its ``deadline_at``."""

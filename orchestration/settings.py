@@ -6,24 +6,51 @@ a heartbeat timeout that a live step could outlast between two stamps.
 
 from __future__ import annotations
 
+import math
+import os
+import re
+import signal
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from kombu.transport import TRANSPORT_ALIASES, resolve_transport
+from pydantic import Field, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy.engine import make_url
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from orchestration.db import missing_driver_hint, normalize_url
 from orchestration.errors import ConfigurationError
 
 #: Slack added to bounds that depend on two clocks and a queue (seconds).
 MARGIN_SECONDS = 2.0
+#: The longest duration a setting may hold (ten years): every deadline computed from one
+#: must stay a valid date, and ``timedelta`` overflows long before a float does.
+MAX_SECONDS = 10 * 365.25 * 86400
+#: The databases the engine's SQL is written and tested for.
+DATABASES = ("sqlite", "postgresql")
+#: Queue names that RabbitMQ, Redis and SQS all accept; ``amq.`` is reserved by RabbitMQ.
+QUEUE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+#: Owners, like request ids and concurrency keys: 1-200 printable ASCII characters.
+OWNER_PATTERN = re.compile(r"[\x21-\x7e]{1,200}")
+#: Signals whose default action does not end a process: a revoke with one would not stop
+#: the task (``SIGSTOP`` would freeze the child for good).
+NON_TERMINATING_SIGNALS = frozenset(
+    {"SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGWINCH"}
+)
 
 
 class Settings(BaseSettings):
     """Configuration; each field is the environment variable ``ORCH_<FIELD>``."""
 
-    model_config = SettingsConfigDict(env_prefix="ORCH_", extra="ignore", frozen=True)
+    # ``nan`` and ``inf`` parse as floats but pass or break every bound; refuse them.
+    model_config = SettingsConfigDict(
+        env_prefix="ORCH_", extra="ignore", frozen=True, allow_inf_nan=False
+    )
 
     #: SQLAlchemy URL of the database; SQLite by default, PostgreSQL in production.
     database_url: str = "sqlite:///orchestration.db"
@@ -57,8 +84,22 @@ class Settings(BaseSettings):
     #: Bound on one webhook request (seconds).
     webhook_timeout: float = Field(5.0, gt=0)
 
-    #: Bound on one provider request (seconds); a step execution lasts at most about this.
+    #: Hard wall-clock bound on one provider call, DNS to last byte (seconds); a step
+    #: execution lasts at most about this.
     provider_timeout: float = Field(10.0, gt=0)
+    #: Bound on the provider cancel that ``cancel`` makes before it returns (seconds); a turn
+    #: whose cancel did not finish in time is stopped by the ``stop_turn`` task afterwards.
+    cancel_call_timeout: float = Field(2.0, gt=0)
+    #: Attempts of the asynchronous provider cancel (``stop_turn`` task), doubling from 1 s.
+    stop_attempts: int = Field(5, ge=1, le=20)
+    #: Hosts, ports and networks provider and webhook URLs may reach: comma-separated
+    #: ``HOST``, ``HOST:PORT``, an IP, ``CIDR``, ``[IPV6]:PORT`` or ``[IPV6-CIDR]:PORT``
+    #: entries. Loopback by default; metadata addresses only when listed exactly.
+    provider_hosts: str = "localhost,127.0.0.0/8,::1"
+    #: Secrets a workflow may name, each with the hosts it may be sent to, as JSON:
+    #: ``{"AGENT_TOKEN": ["agents.example.com:443"]}``; the value is the worker's environment
+    #: variable of that name.
+    provider_secrets: dict[str, list[str]] = Field(default_factory=dict)
     #: Largest ``max_poll_interval`` a workflow may ask for (seconds).
     max_poll_interval_limit: float = Field(30.0, gt=0)
     #: Largest step ``timeout`` a workflow may ask for (seconds).
@@ -71,6 +112,11 @@ class Settings(BaseSettings):
     max_args_bytes: int = Field(65536, ge=2)
     max_task_bytes: int = Field(65536, ge=2)
     max_output_bytes: int = Field(1048576, ge=2)
+    #: Bounds on what a tenant's template renders to and a provider returns.
+    max_rendered_task_bytes: int = Field(262144, ge=2)
+    max_provider_id_chars: int = Field(200, ge=8, le=200)
+    max_error_chars: int = Field(2000, ge=80, le=100000)
+    max_prompt_bytes: int = Field(65536, ge=2)
 
     #: Redis visibility timeout: above any countdown plus a step's runtime (seconds).
     visibility_timeout: float = Field(3600.0, gt=0)
@@ -87,19 +133,178 @@ class Settings(BaseSettings):
     #: :func:`orchestration.providers.scripted.store_url`).
     scripted_url: str | None = None
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        check_database_url(value)
+        return value
+
+    @field_validator("scripted_url", "webhook_url", "security_key", "security_certificate")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        """``export ORCH_WEBHOOK_URL=`` is how a shell unsets a variable for one process."""
+        return value or None
+
+    @field_validator("scripted_url")
+    @classmethod
+    def _scripted_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_database_url(value)
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str) -> str:
+        # kombu takes a ``;``-separated failover list, and ``TRANSPORT+URL`` (``sqla+…``).
+        for url in value.split(";"):
+            scheme, separator, _ = url.strip().partition("://")
+            if not separator:
+                raise ValueError(
+                    "is not a broker URL; expected TRANSPORT://…, e.g. "
+                    "redis://127.0.0.1:6379/0 or amqp://guest@127.0.0.1:5672//"
+                )
+            transport = scheme.split("+", 1)[0]
+            if transport not in TRANSPORT_ALIASES:
+                raise ValueError(
+                    f"unknown broker transport {transport!r}; expected one of "
+                    + ", ".join(sorted(name for name in TRANSPORT_ALIASES if name.islower()))
+                )
+            try:
+                resolve_transport(transport)
+            except ImportError as exc:
+                raise ValueError(
+                    f"the {transport!r} transport needs the {exc.name!r} module, which is not "
+                    "installed (see kombu's documentation for its extra)"
+                ) from None
+        return value
+
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, value: str) -> str:
+        if not QUEUE_PATTERN.fullmatch(value) or value.startswith("amq."):
+            raise ValueError(
+                "must be a queue name: 1-200 letters, digits, '_', '.', ':' or '-', starting "
+                "with a letter or digit (not 'amq.', which RabbitMQ reserves)"
+            )
+        return value
+
+    @field_validator("owner")
+    @classmethod
+    def _owner(cls, value: str) -> str:
+        if not OWNER_PATTERN.fullmatch(value):
+            raise ValueError("must be 1-200 printable ASCII characters without spaces")
+        return value
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            parts = urlsplit(value)
+            web = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # e.g. an unclosed ``[`` IPv6 literal
+            web = False
+        if not web or any(char.isspace() or not char.isprintable() for char in value):
+            raise ValueError(
+                "must be an http:// or https:// URL with a host, e.g. "
+                "https://hooks.example.com/orchestration"
+            )
+        return value
+
+    @field_validator("revoke_signal")
+    @classmethod
+    def _revoke_signal(cls, value: str) -> str:
+        name = value.strip().upper()
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        if name not in signal.Signals.__members__ or name in NON_TERMINATING_SIGNALS:
+            raise ValueError(
+                "must be the name of a signal that ends a process, e.g. SIGKILL or SIGTERM"
+            )
+        return name
+
+    @field_validator("security_key", "security_certificate")
+    @classmethod
+    def _readable_file(cls, value: str | None) -> str | None:
+        if value is not None and not (os.path.isfile(value) and os.access(value, os.R_OK)):
+            raise ValueError(f"must be the path of a readable PEM file; {value!r} is not one")
+        return value
+
+    @field_validator("security_cert_store")
+    @classmethod
+    def _cert_folder(cls, value: str | None) -> str | None:
+        if value and not os.path.isdir(value):
+            raise ValueError(f"must be the path of a folder of certificates; {value!r} is not one")
+        return value or None
+
+    @field_validator("provider_hosts")
+    @classmethod
+    def _provider_hosts(cls, value: str) -> str:
+        from orchestration.egress import AllowList
+
+        AllowList.parse(value)
+        return value
+
+    @field_validator("provider_secrets", mode="before")
+    @classmethod
+    def _provider_secrets_json(cls, value: Any) -> Any:
+        """The environment source decodes JSON itself; ``Settings(provider_secrets='…')``
+        (a process's environment turned into arguments) is decoded here."""
+        from orchestration.secrets import decode_declared
+
+        return decode_declared(value)
+
+    @field_validator("provider_secrets")
+    @classmethod
+    def _provider_secrets(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        from orchestration.secrets import declared
+
+        return declared(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _provider_secrets_default(cls, data: Any) -> Any:
+        """Validate the default declaration too, so that every ``Settings`` holds a hashable
+        one (a plain dict would make the frozen settings unhashable). The environment source
+        drops a variable whose JSON is ``null``; that is refused, not read as "none"."""
+        if not isinstance(data, dict) or "provider_secrets" in data:
+            return data
+        if any(name.upper() == "ORCH_PROVIDER_SECRETS" for name in os.environ):
+            raise ValueError(
+                'ORCH_PROVIDER_SECRETS: must be a JSON object {"NAME": ["host:port", ...]}, '
+                "not null"
+            )
+        return {**data, "provider_secrets": {}}
+
+    @field_validator("*")
+    @classmethod
+    def _bounded_duration(cls, value: Any) -> Any:
+        # Every float setting is a duration in seconds.
+        if isinstance(value, float) and value > MAX_SECONDS:
+            raise ValueError(f"must be at most {MAX_SECONDS:.0f} seconds (ten years)")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _postgres_guard(cls, data: Any) -> Any:
         """On PostgreSQL, let the server abort a transaction left idle longer than
         :func:`lock_release_seconds` (a worker frozen mid-transaction would otherwise hold its
-        run's row until it wakes). A URL that sets its own ``options`` is left alone."""
+        run's row until it wakes). A URL that sets its own ``options`` is left alone. Values
+        that do not parse are left for the field validators, which name them."""
         if not isinstance(data, dict) or "database_url" not in data:
             return data
-        url = make_url(str(data["database_url"]))
+        try:
+            url = make_url(str(data["database_url"]))
+            provider = float(
+                data.get("provider_timeout", cls.model_fields["provider_timeout"].default)
+            )
+        except (ArgumentError, ValueError, TypeError):
+            return data
         if not url.drivername.startswith("postgres") or "options" in url.query:
             return data
-        provider = data.get("provider_timeout", cls.model_fields["provider_timeout"].default)
-        seconds = lock_release_seconds(float(provider))
+        if not math.isfinite(provider) or not 0 < provider <= MAX_SECONDS:
+            return data
+        seconds = lock_release_seconds(provider)
         guarded = url.update_query_dict(
             {"options": f"-c idle_in_transaction_session_timeout={int(seconds * 1000)}"}
         )
@@ -149,18 +354,84 @@ def lock_release_seconds(provider_timeout: float) -> float:
     return provider_timeout + MARGIN_SECONDS
 
 
+def check_database_url(value: str) -> URL:
+    """Refuse a database URL the engine cannot use, saying what would work; the parsed URL
+    (with the project's default driver) otherwise.
+
+    A SQLite file whose folder is missing is fine when the folder can be created (the engine
+    creates it, see :func:`orchestration.db.get_engine`).
+    """
+    expected = "expected sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+    try:
+        url = make_url(normalize_url(value))
+    except (ArgumentError, ValueError):
+        raise ValueError(f"is not a database URL; {expected}") from None
+    if url.get_backend_name() not in DATABASES:
+        raise ValueError(f"{url.get_backend_name()!r} is not a supported database; {expected}")
+    try:
+        dialect = url.get_dialect()
+    except NoSuchModuleError:
+        raise ValueError(
+            f"{url.drivername!r} is not a known SQLAlchemy driver; {expected}"
+        ) from None
+    if dialect.is_async:
+        raise ValueError(f"{url.drivername!r} is an asyncio driver; {expected}")
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        raise ValueError(missing_driver_hint(dialect.driver, exc)) from None
+    if url.get_backend_name() == "sqlite":
+        _check_sqlite_folder(url.database)
+    return url
+
+
+def _check_sqlite_folder(database: str | None) -> None:
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    folder = Path(database).absolute().parent
+    existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
+    if existing != folder and not (existing.is_dir() and os.access(existing, os.W_OK)):
+        raise ValueError(
+            f"the SQLite file's folder {str(folder)!r} does not exist and cannot be created "
+            f"({str(existing)!r} is not a writable folder)"
+        )
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One error as ``ORCH_NAME: problem``, with the accepted form for a bad number."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not error["loc"]:
+        return message
+    name = str(error["loc"][0])
+    field = Settings.model_fields.get(name)
+    if error["type"] != "value_error" and field is not None and field.annotation in (int, float):
+        bounds = [
+            f"{symbol} {getattr(rule, attr):g}"
+            for rule in field.metadata
+            for attr, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+            if getattr(rule, attr, None) is not None
+        ]
+        if field.annotation is float:
+            bounds.append(f"<= {MAX_SECONDS:.0f}")
+        kind = "a number of seconds" if field.annotation is float else "a whole number"
+        message += f" (got {str(error['input'])[:40]!r}); expected {kind} {' and '.join(bounds)}"
+    return f"ORCH_{name.upper()}: {message}"
+
+
 def load_settings() -> Settings:
-    """Read settings from the environment; an error names the ``ORCH_`` variable."""
+    """Read settings from the environment; one :class:`ConfigurationError` names every bad
+    ``ORCH_`` variable and the form it accepts."""
     try:
         return Settings()
     except PydanticValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            message = str(error["msg"]).removeprefix("Value error, ")
-            if error["loc"]:
-                message = f"ORCH_{str(error['loc'][0]).upper()}: {message}"
-            problems.append(message)
-        raise ConfigurationError("invalid settings: " + "; ".join(problems)) from None
+        problems = "; ".join(_problem(error) for error in exc.errors())
+    except SettingsError as exc:
+        # A JSON-typed setting (``ORCH_PROVIDER_SECRETS``) that is not JSON fails in the
+        # environment source, before validation.
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = f"ORCH_{field.group(1).upper()}" if field else "an ORCH_ variable"
+        problems = f"{name}: is not valid JSON ({exc.__cause__ or exc})"
+    raise ConfigurationError("invalid settings: " + " ".join(problems.split()))
 
 
 @lru_cache(maxsize=1)

@@ -83,6 +83,9 @@ class StopReason(StrEnum):
     HEARTBEAT_LOST = "heartbeat_lost"
     #: Another run took over this run's concurrency claim from a dead holder; flagged for review.
     DISPLACED = "displaced"
+    #: A value a tenant controls or a provider returned did not fit its bound (the error
+    #: names the ``ORCH_`` setting); the database never sees it.
+    OVER_LIMIT = "over_limit"
 
 
 class ParkReason(StrEnum):
@@ -118,6 +121,17 @@ class EffectStatus(StrEnum):
     DONE = "done"
     #: Exhausted its attempts.
     EXHAUSTED = "exhausted"
+
+
+class TurnStopStatus(StrEnum):
+    """Where the provider cancel of an ended step's turn is (``steps.turn_stop``)."""
+
+    #: Asked for; the ``stop_turn`` task carries it out, bounded and retried.
+    PENDING = "pending"
+    #: The provider accepted the cancel (or the turn had already finished).
+    STOPPED = "stopped"
+    #: The provider refused, or every attempt failed; the error is recorded beside it.
+    FAILED = "failed"
 
 
 RUN_TERMINAL: frozenset[RunStatus] = frozenset(
@@ -190,7 +204,7 @@ STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
 #: Which stop reasons may accompany which terminal run status.
 STOP_REASONS: dict[RunStatus, frozenset[StopReason]] = {
     _R.COMPLETED: frozenset({StopReason.COMPLETED}),
-    _R.FAILED: frozenset({StopReason.STEP_FAILED, StopReason.EFFECT_FAILED}),
+    _R.FAILED: frozenset({StopReason.STEP_FAILED, StopReason.EFFECT_FAILED, StopReason.OVER_LIMIT}),
     _R.CANCELLED: frozenset(
         {StopReason.CANCEL_REQUESTED, StopReason.CANCEL_ENFORCED, StopReason.PREEMPTED}
     ),

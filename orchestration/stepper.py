@@ -16,27 +16,42 @@ the next tick), :class:`Proceed` (return, so the chain sends the next step) or :
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from orchestration import cancellation, deadlines, effects, health, providers, templating, turns
+from orchestration import (
+    bounds,
+    cancellation,
+    deadlines,
+    effects,
+    health,
+    providers,
+    templating,
+    turns,
+)
 from orchestration.closing import close_run
-from orchestration.db import after_commit, session_scope, utcnow
+from orchestration.db import session_scope, utcnow
 from orchestration.dispatch import Dispatcher
 from orchestration.errors import (
+    LimitExceeded,
     PermanentProviderError,
     RetryableProviderError,
     ValidationError,
 )
 from orchestration.launching import step_timeout_at
 from orchestration.models import Run, Step
-from orchestration.providers.base import FINISHED, ProviderStatus, TurnRequest, TurnStatus
+from orchestration.providers.base import (
+    FINISHED,
+    ProviderStatus,
+    TurnRef,
+    TurnRequest,
+    TurnStatus,
+)
 from orchestration.settings import Settings
 from orchestration.states import (
     RUN_TERMINAL,
@@ -139,6 +154,14 @@ class Stepper:
 
     # -- phases ----------------------------------------------------------------------------
     def _start(self, run_id: str, index: int, tick: int) -> Outcome:
+        """Claim the start, call the provider with no lock held, then record the turn.
+
+        Invariant 2 rests on the claim: it is written (compare-and-set, only while no cancel
+        is requested) before the call, and ``cancel`` waits for a live claim to clear before
+        it reads the turns to stop. The call itself ends within ``ORCH_PROVIDER_TIMEOUT``
+        (the transport's hard deadline), so that wait is bounded and no lock, not even
+        SQLite's database-wide one, is held across network I/O.
+        """
         now = self.clock()
         try:
             with session_scope(self.settings.database_url) as session:
@@ -147,7 +170,15 @@ class Stepper:
                 if step.provider_run_id is not None:
                     return Poll(spec.poll_interval, tick)
                 try:
-                    rendered = templating.render(spec.task, _context(session, run), "task")
+                    rendered = templating.render(
+                        spec.task,
+                        _context(session, run),
+                        "task",
+                        limit=self.settings.max_rendered_task_bytes,
+                    )
+                except LimitExceeded as exc:
+                    self._fail(session, run_id, f"step {step.step_id}: {exc}", now, over=True)
+                    return Halt("task renders over its bound")
                 except ValidationError as exc:
                     self._fail(session, run_id, f"step {step.step_id}: {exc}", now)
                     return Halt("task could not be rendered")
@@ -164,6 +195,7 @@ class Stepper:
                     transition_run(
                         session, run_id, RunStatus.RUNNING, cause="first step starting", now=now
                     )
+                touch_step(session, step, now, start_claimed_at=now)
                 request = TurnRequest(
                     key=str(step.idempotency_key),
                     run_id=run_id,
@@ -174,16 +206,50 @@ class Stepper:
                     resume=step.answer,
                     resuming=step.attempt > 1,
                 )
-                provider = providers.get_provider(step.provider, self.settings)
-                # The start runs while this transaction holds the run row: a cancel waits for
-                # it, so a turn is either recorded here or never started (invariant 2).
-                try:
-                    provider_run_id = provider.start(request)
-                except RetryableProviderError as exc:
-                    return self._outage(session, run_id, index, tick, str(exc), now)
-                except PermanentProviderError as exc:
-                    self._fail(session, run_id, f"step {step.step_id}: {exc}", now)
+                provider_name, step_id = step.provider, step.step_id
+        except _Cancelled:
+            return self._after_refusal(run_id)
+        provider = providers.get_provider(provider_name, self.settings)
+        provider_run_id: str | None = None
+        try:
+            provider_run_id = provider.start(request)
+        except RetryableProviderError as exc:
+            return self._after_start(run_id, index, tick, request, provider_name, outage=str(exc))
+        except PermanentProviderError as exc:
+            return self._after_start(
+                run_id, index, tick, request, provider_name, refused=f"step {step_id}: {exc}"
+            )
+        return self._after_start(run_id, index, tick, request, provider_name, provider_run_id)
+
+    def _after_start(
+        self,
+        run_id: str,
+        index: int,
+        tick: int,
+        request: TurnRequest,
+        provider_name: str,
+        provider_run_id: str | None = None,
+        *,
+        outage: str | None = None,
+        refused: str | None = None,
+    ) -> Outcome:
+        """Record what the start call came to, and clear the claim."""
+        now = self.clock()
+        try:
+            with session_scope(self.settings.database_url) as session:
+                run, step = self._lock(session, run_id, index, tick, now, _STARTABLE)
+                touch_step(session, step, now, start_claimed_at=None)
+                if outage is not None:
+                    return self._outage(session, run_id, index, tick, outage, now)
+                if refused is not None:
+                    self._fail(session, run_id, refused, now)
                     return Halt("provider refused the turn")
+                assert provider_run_id is not None
+                unfit = bounds.provider_id(provider_run_id, self.settings)
+                if unfit:
+                    self._fail(session, run_id, f"step {step.step_id}: {unfit}", now, over=True)
+                    return Halt("provider run id over its bound")
+                spec = _spec(run, index)
                 touch_step(
                     session,
                     step,
@@ -196,7 +262,38 @@ class Stepper:
                 self._unpark(session, run_id, index, now)
                 return Poll(spec.poll_interval, tick)
         except _Cancelled:
+            self._release_refused_start(run_id, index, request, provider_name, provider_run_id)
             return self._after_refusal(run_id)
+
+    def _release_refused_start(
+        self,
+        run_id: str,
+        index: int,
+        request: TurnRequest,
+        provider_name: str,
+        provider_run_id: str | None,
+    ) -> None:
+        """The run moved on while its turn was starting. If the step is still live (a cancel
+        is waiting for this claim), hand it the turn's id and clear the claim: the canceller
+        stops the turn. If the run already ended, this execution alone knows the turn's id,
+        so it stops the turn itself."""
+        now = self.clock()
+        fit = provider_run_id is not None and bounds.provider_id(provider_run_id, self.settings)
+        known = None if fit else provider_run_id
+        with session_scope(self.settings.database_url) as session:
+            step = _step(session, run_id, index, refresh=True)
+            if step is None:
+                return
+            if touch_step(session, step, now, start_claimed_at=None, provider_run_id=known):
+                return
+            pk = step.pk
+        if known is None:
+            return
+        ref = TurnRef(request.key, known, request.options)
+        turn = turns.LiveTurn(run_id, index, pk, provider_name, ref)
+        result = turns.stop_once(self.settings, turn)
+        with session_scope(self.settings.database_url) as session:
+            turns.stop_later(session, self.settings, self.dispatcher, [result], now, attempts=1)
 
     def _poll(self, run_id: str, index: int, tick: int) -> Outcome:
         with session_scope(self.settings.database_url) as session:
@@ -217,11 +314,12 @@ class Stepper:
                 return self._outage(session, run_id, index, tick, str(exc), self.clock())
         except PermanentProviderError as exc:
             observed = TurnStatus(ProviderStatus.FAILED, raw="lost", error=str(exc))
+        observed = self._fit(observed)
         now = self.clock()
         try:
             with session_scope(self.settings.database_url) as session:
                 run, step = self._lock(session, run_id, index, tick, now, _STARTABLE)
-                touch_step(session, step, now, last_provider_status=observed.raw[:200])
+                touch_step(session, step, now, last_provider_status=observed.raw[:200] or None)
                 outcome = self._observe(session, run, step, observed, tick, now)
         except _Cancelled:
             return self._after_refusal(run_id)
@@ -241,15 +339,14 @@ class Stepper:
         spec = _spec(run, step.index)
         status = observed.status
         if status in FINISHED:
-            size = len(json.dumps(observed.output, ensure_ascii=False).encode())
-            if size > self.settings.max_output_bytes:
-                self._fail(
-                    session,
-                    run.id,
-                    f"step {step.step_id}: output of {size} bytes is over the limit of "
-                    f"{self.settings.max_output_bytes} (ORCH_MAX_OUTPUT_BYTES)",
-                    now,
-                )
+            too_big = bounds.over(
+                observed.output,
+                self.settings.max_output_bytes,
+                "the output",
+                "ORCH_MAX_OUTPUT_BYTES",
+            )
+            if too_big:
+                self._fail(session, run.id, f"step {step.step_id}: {too_big}", now, over=True)
                 return Halt("output too large")
             self._unpark(session, run.id, step.index, now)
             touch_step(session, step, now, output=observed.output, error=None)
@@ -267,6 +364,15 @@ class Stepper:
             self._fail(session, run.id, f"step {step.step_id}: {why}", now)
             return Halt("turn failed")
         if status is ProviderStatus.INPUT_REQUIRED:
+            too_big = bounds.over(
+                observed.prompt,
+                self.settings.max_prompt_bytes,
+                "the prompt",
+                "ORCH_MAX_PROMPT_BYTES",
+            )
+            if too_big:
+                self._fail(session, run.id, f"step {step.step_id}: {too_big}", now, over=True)
+                return Halt("prompt too large")
             self._park(session, run, step, ParkReason.HUMAN, now, prompt=observed.prompt)
             return Halt("parked for a human answer")
         timeout_at = step_timeout_at(run, step)
@@ -343,6 +449,23 @@ class Stepper:
                 return Proceed()
         except _Cancelled:
             return self._after_refusal(run_id)
+
+    def refuse(self, run_id: str, index: int, tick: int, what: str) -> Outcome:
+        """The database refused a value this execution wrote (``DataError``, ``IntegrityError``):
+        not an outage, so not retried; the step fails with ``what`` (no SQL parameters)."""
+        now = self.clock()
+        try:
+            with session_scope(self.settings.database_url) as session:
+                _, step = self._lock(session, run_id, index, tick, now, _MOVABLE)
+                self._fail(
+                    session,
+                    run_id,
+                    f"step {step.step_id}: the database refused a value ({what})",
+                    now,
+                )
+        except _Cancelled:
+            return self._after_refusal(run_id)
+        return Halt("the database refused a value")
 
     # -- helpers ---------------------------------------------------------------------------
     def _lock(
@@ -429,18 +552,35 @@ class Stepper:
                 return True
         return False
 
-    def _fail(self, session: Session, run_id: str, error: str, now: datetime) -> None:
+    def _fail(
+        self, session: Session, run_id: str, error: str, now: datetime, *, over: bool = False
+    ) -> None:
+        """Fail the run; ``over`` when a value did not fit its bound (``over_limit``). The
+        error is redacted and bounded first: it may quote what a provider answered."""
+        text = bounds.error_text(error, self.settings)
         close_run(
             session,
             self.settings,
             run_id,
             RunStatus.FAILED,
-            stop_reason=StopReason.STEP_FAILED,
-            cause="step failed",
+            stop_reason=StopReason.OVER_LIMIT if over else StopReason.STEP_FAILED,
+            cause="a value did not fit its bound" if over else "step failed",
             now=now,
-            error=error,
-            step_error=error,
+            error=text,
+            step_error=text,
             dispatcher=self.dispatcher,
+        )
+
+    def _fit(self, observed: TurnStatus) -> TurnStatus:
+        """The observation with every provider string redacted and bounded, fit to store."""
+        return replace(
+            observed,
+            raw=bounds.error_text(observed.raw, self.settings)[:200],
+            output=bounds.json_value(observed.output, self.settings),
+            prompt=bounds.json_value(observed.prompt, self.settings),
+            error=None
+            if observed.error is None
+            else bounds.error_text(observed.error, self.settings),
         )
 
     def _time_out(self, session: Session, run: Run, step: Step, now: datetime) -> None:
@@ -456,7 +596,7 @@ class Stepper:
             error=f"step {step.step_id} timed out",
             dispatcher=self.dispatcher,
         )
-        after_commit(session, lambda: turns.stop(self.settings, live))
+        turns.stop_later(session, self.settings, self.dispatcher, turns.pending(live), now)
 
     def _outage(
         self, session: Session, run_id: str, index: int, tick: int, error: str, now: datetime
@@ -468,7 +608,7 @@ class Stepper:
             transition_step(session, step, StepStatus.RUNNING, cause="turn starting", now=now)
         if run.status == RunStatus.QUEUED:
             transition_run(session, run_id, RunStatus.RUNNING, cause="first step starting", now=now)
-        touch_step(session, step, now, error=error[:2000])
+        touch_step(session, step, now, error=bounds.error_text(error, self.settings))
         self._park(session, run, step, ParkReason.PLATFORM_INTERRUPT, now)
         if self._expire_park(session, run_id, now):
             return Halt("park expired")
@@ -565,7 +705,7 @@ class Stepper:
             error=f"parked ({run.park_reason}) past its budget",
             dispatcher=self.dispatcher,
         )
-        after_commit(session, lambda: turns.stop(self.settings, live))
+        turns.stop_later(session, self.settings, self.dispatcher, turns.pending(live), now)
         return True
 
     @staticmethod

@@ -129,6 +129,7 @@ class Sweeper:
                     cause="cancel enforced by the sweeper: grace over and heartbeat dead",
                     revoke=True,
                     lock_timeout=self.lock_timeout,
+                    inline=False,
                 )
                 return "cancels_enforced" if done else None
             return None
@@ -201,12 +202,11 @@ class Sweeper:
                 dispatcher=self.dispatcher,
             )
 
-            def stop() -> None:
-                if self.dispatcher is not None:
-                    self.dispatcher.revoke(task_ids, terminate=True)
-                turns.stop(self.settings, live)
-
-            after_commit(session, stop)
+            # Provider cancels never run in a pass: one hanging provider must not hold it.
+            turns.stop_later(session, self.settings, self.dispatcher, turns.pending(live), now)
+            if self.dispatcher is not None:
+                dispatcher = self.dispatcher
+                after_commit(session, lambda: dispatcher.revoke(task_ids, terminate=True))
         return True
 
     def _rearm(self, run: Run, now: datetime) -> bool:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from orchestration.errors import ValidationError
+from orchestration.errors import LimitExceeded, ValidationError
 
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _SEGMENT = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -85,25 +85,71 @@ def check(
                 _lookup(args, parts[1:], expr, where)
 
 
-def render(task: Any, context: Mapping[str, Any], field: str = "task") -> Any:
+class _Budget:
+    """Bytes a rendering may still produce; charged as it goes, so a template that would
+    expand to gigabytes stops at the limit instead of building them."""
+
+    def __init__(self, limit: int | None, field: str) -> None:
+        self.left = limit
+        self.limit = limit
+        self.field = field
+
+    def charge(self, size: int) -> None:
+        if self.left is None:
+            return
+        self.left -= size
+        if self.left < 0:
+            raise LimitExceeded(
+                self.field,
+                f"renders to over {self.limit} bytes (ORCH_MAX_RENDERED_TASK_BYTES); "
+                "refer to less, or to smaller values",
+            )
+
+
+def render(
+    task: Any, context: Mapping[str, Any], field: str = "task", *, limit: int | None = None
+) -> Any:
     """Fill the placeholders from ``context`` (``{"args": …, "steps": {id: {"output": …}}}``).
 
-    Raises :class:`ValidationError` when a path is missing (an earlier step's output lacks it).
+    Raises :class:`ValidationError` when a path is missing (an earlier step's output lacks it)
+    and :class:`LimitExceeded` when the result would be over ``limit`` bytes of JSON.
     """
+    budget = _Budget(limit, field)
+    rendered = _render(task, context, field, budget)
+    if limit is not None:
+        # The charges count raw text; JSON escaping can add to it, so the bound is checked on
+        # what will be stored (cheap now: the charges kept it near the limit).
+        budget.left = limit
+        budget.charge(_size(rendered))
+    return rendered
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False).encode())
+
+
+def _render(task: Any, context: Mapping[str, Any], field: str, budget: _Budget) -> Any:
     if isinstance(task, str):
         whole = PLACEHOLDER.fullmatch(task.strip())
         if whole:
             expr = whole.group(1)
-            return _lookup(context, _path(expr, field), expr, field)
+            value = _lookup(context, _path(expr, field), expr, field)
+            budget.charge(_size(value))
+            return value
+        budget.charge(len(task.encode()))
 
         def replace(match: re.Match[str]) -> str:
             expr = match.group(1)
             value = _lookup(context, _path(expr, field), expr, field)
-            return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            budget.charge(len(text.encode()))
+            return text
 
         return PLACEHOLDER.sub(replace, task)
     if isinstance(task, Mapping):
-        return {key: render(item, context, f"{field}.{key}") for key, item in task.items()}
+        budget.charge(sum(len(str(key).encode()) + 4 for key in task))
+        return {key: _render(item, context, f"{field}.{key}", budget) for key, item in task.items()}
     if isinstance(task, list):
-        return [render(item, context, f"{field}[{i}]") for i, item in enumerate(task)]
+        return [_render(item, context, f"{field}[{i}]", budget) for i, item in enumerate(task)]
+    budget.charge(_size(task))
     return task

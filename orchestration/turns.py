@@ -1,19 +1,33 @@
-"""Provider turns of a run's steps: the refs the engine holds, and stopping them."""
+"""Provider turns of a run's steps: the refs the engine holds, and stopping them.
+
+Stopping a turn is a provider call to a service the workflow named, so it may hang. It never
+runs inside a sweeper pass or a step's transaction: a closing writer records the stop as
+``pending`` on the step (``steps.turn_stop``) and, after its commit, hands it to the
+``stop_turn`` task, which calls the provider with its hard bound and retries a bounded number
+of times. ``cancel`` alone tries each turn once inline, within ``ORCH_CANCEL_CALL_TIMEOUT`` for
+all of them together, so that a well-behaved provider has stopped the turn when it returns.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from orchestration import providers
-from orchestration.errors import ProviderError, ValidationError
+from orchestration import bounds, providers
+from orchestration.db import after_commit, session_scope
+from orchestration.dispatch import Dispatcher
+from orchestration.errors import PermanentProviderError, ProviderError, ValidationError
 from orchestration.models import Run, Step
+from orchestration.providers import budget
 from orchestration.providers.base import TurnRef
 from orchestration.settings import Settings
-from orchestration.states import StepStatus
+from orchestration.states import StepStatus, TurnStopStatus
 
 LOG = logging.getLogger(__name__)
 
@@ -34,8 +48,20 @@ def ref_for(run: Run, step: Step) -> TurnRef:
 class LiveTurn:
     """A turn that may be running on a provider."""
 
+    run_id: str
+    index: int
+    step_pk: int
     provider: str
     ref: TurnRef
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What one provider cancel came to."""
+
+    turn: LiveTurn
+    status: TurnStopStatus
+    error: str | None = None
 
 
 def live_turns(session: Session, run: Run) -> list[LiveTurn]:
@@ -49,17 +75,127 @@ def live_turns(session: Session, run: Run) -> list[LiveTurn]:
         )
         .execution_options(populate_existing=True)
     ).all()
-    return [LiveTurn(step.provider, ref_for(run, step)) for step in steps if step.idempotency_key]
+    return [
+        LiveTurn(run.id, step.index, step.pk, step.provider, ref_for(run, step))
+        for step in steps
+        if step.idempotency_key
+    ]
 
 
-def stop(settings: Settings, turns: list[LiveTurn]) -> list[str]:
-    """Ask each provider to cancel its turn; return the errors (they never block a cancel:
-    the run's row is the truth, and the provider call is bounded by its timeout)."""
-    errors: list[str] = []
-    for turn in turns:
-        try:
-            providers.get_provider(turn.provider, settings).cancel(turn.ref)
-        except (ProviderError, ValidationError) as exc:
-            LOG.warning("provider cancel of %s failed: %s", turn.ref.key, exc)
-            errors.append(f"{turn.ref.key}: {exc}")
-    return errors
+def stop_once(settings: Settings, turn: LiveTurn) -> Stopped:
+    """One bounded provider cancel. An outage is ``pending`` (worth another attempt); a
+    refusal is ``failed``. The error is redacted and bounded, fit to store."""
+    try:
+        providers.get_provider(turn.provider, settings).cancel(turn.ref)
+    except PermanentProviderError as exc:
+        return Stopped(turn, TurnStopStatus.FAILED, bounds.error_text(str(exc), settings))
+    except (ProviderError, ValidationError) as exc:
+        LOG.warning("provider cancel of %s failed: %s", turn.ref.key, exc)
+        return Stopped(turn, TurnStopStatus.PENDING, bounds.error_text(str(exc), settings))
+    return Stopped(turn, TurnStopStatus.STOPPED)
+
+
+def stop_within(settings: Settings, turns: Iterable[LiveTurn], seconds: float) -> list[Stopped]:
+    """Cancel each turn once, all of them within ``seconds``. Only a stop that succeeded is
+    settled: anything else stays ``pending`` for the ``stop_turn`` task, because the caller
+    may be a web app's process that lacks what the worker has (the provider's secret)."""
+    results: list[Stopped] = []
+    with budget.within(seconds):
+        for turn in turns:
+            if budget.clamp(seconds) <= 0:
+                results.append(Stopped(turn, TurnStopStatus.PENDING, "not tried: no time left"))
+                continue
+            result = stop_once(settings, turn)
+            if result.status is TurnStopStatus.FAILED:
+                result = Stopped(turn, TurnStopStatus.PENDING, result.error)
+            results.append(result)
+    return results
+
+
+def record(session: Session, result: Stopped, now: datetime, *, attempts: int) -> None:
+    """Write where a turn's stop is on its step (a non-status column: the step may be
+    terminal, and stays so)."""
+    value: dict[str, Any] = {
+        "status": result.status.value,
+        "attempts": attempts,
+        "error": result.error,
+        "at": now.isoformat(),
+    }
+    values: dict[str, Any] = {"turn_stop": value}
+    if result.turn.ref.provider_run_id is not None:
+        # A turn whose start outlived its run: its id is known only to the stopper.
+        values["provider_run_id"] = func.coalesce(
+            Step.provider_run_id, result.turn.ref.provider_run_id
+        )
+    session.execute(
+        update(Step)
+        .where(Step.pk == result.turn.step_pk)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def stop_later(
+    session: Session,
+    settings: Settings,
+    dispatcher: Dispatcher | None,
+    results: Iterable[Stopped],
+    now: datetime,
+    *,
+    attempts: int = 0,
+) -> None:
+    """Record each result and, after the caller's commit, hand the pending ones to the
+    ``stop_turn`` task. Without a dispatcher (a process that cannot send) they are tried
+    once, after the commit, within the provider's bound."""
+    pending: list[LiveTurn] = []
+    for result in results:
+        record(session, result, now, attempts=attempts)
+        if result.status is TurnStopStatus.PENDING:
+            pending.append(result.turn)
+    if not pending:
+        return
+    if dispatcher is not None:
+        after_commit(session, lambda: dispatcher.stop_turns([(t.run_id, t.index) for t in pending]))
+    else:
+        after_commit(session, lambda: [stop_once(settings, turn) for turn in pending])
+
+
+def pending(turns: Iterable[LiveTurn]) -> list[Stopped]:
+    """Stops not tried yet: each turn, ``pending``."""
+    return [Stopped(turn, TurnStopStatus.PENDING) for turn in turns]
+
+
+def turn_of(session: Session, run_id: str, index: int) -> tuple[LiveTurn, int] | None:
+    """The turn a ``stop_turn`` task is to cancel and the attempts made so far; ``None`` when
+    there is nothing to stop (no such step, never started, or already settled)."""
+    run = session.get(Run, run_id)
+    step = session.scalars(select(Step).where(Step.run_id == run_id, Step.index == index)).first()
+    if run is None or step is None or not step.idempotency_key:
+        return None
+    stop = step.turn_stop or {}
+    if stop.get("status") != TurnStopStatus.PENDING.value:
+        return None
+    turn = LiveTurn(run.id, step.index, step.pk, step.provider, ref_for(run, step))
+    return turn, int(stop.get("attempts", 0))
+
+
+def attempt(settings: Settings, run_id: str, index: int, now: datetime) -> float | None:
+    """One attempt of a pending stop (the ``stop_turn`` task): the provider call outside any
+    transaction, then the outcome recorded. Returns the countdown before the next attempt, or
+    ``None`` when the stop is settled (stopped, refused, or out of attempts)."""
+    with session_scope(settings.database_url) as session:
+        found = turn_of(session, run_id, index)
+    if found is None:
+        return None
+    turn, attempts = found
+    result = stop_once(settings, turn)
+    attempts += 1
+    if result.status is TurnStopStatus.PENDING and attempts >= settings.stop_attempts:
+        result = Stopped(
+            turn, TurnStopStatus.FAILED, f"gave up after {attempts} attempts: {result.error}"
+        )
+    with session_scope(settings.database_url) as session:
+        record(session, result, now, attempts=attempts)
+    if result.status is TurnStopStatus.PENDING:
+        return float(min(2 ** (attempts - 1), 30))
+    return None

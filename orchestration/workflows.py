@@ -23,6 +23,10 @@ from orchestration.errors import LimitExceeded, ValidationError
 from orchestration.settings import Settings
 
 STEP_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"
+#: Poll intervals of a step that sets none, lowered to ``ORCH_MAX_POLL_INTERVAL_LIMIT`` when
+#: that is lower (see :func:`_default_intervals`).
+DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_MAX_POLL_INTERVAL = 10.0
 
 
 class StepSpec(BaseModel):
@@ -36,8 +40,8 @@ class StepSpec(BaseModel):
     task: Any = ""
     options: dict[str, Any] = Field(default_factory=dict, alias="with")
     timeout: float = Field(1800.0, gt=0)
-    poll_interval: float = Field(1.0, gt=0)
-    max_poll_interval: float = Field(10.0, gt=0)
+    poll_interval: float = Field(DEFAULT_POLL_INTERVAL, gt=0)
+    max_poll_interval: float = Field(DEFAULT_MAX_POLL_INTERVAL, gt=0)
 
     @field_validator("max_poll_interval")
     @classmethod
@@ -104,6 +108,7 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
         if first["type"] == "extra_forbidden":
             message = "is not a known field"
         raise ValidationError(field, message) from None
+    spec = _default_intervals(spec, settings)
     earlier: list[str] = []
     for index, step in enumerate(spec.steps):
         where = f"steps[{index}]"
@@ -130,7 +135,34 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
     return spec
 
 
+def _default_intervals(spec: WorkflowSpec, settings: Settings) -> WorkflowSpec:
+    """Give the intervals a step does not set values within ``ORCH_MAX_POLL_INTERVAL_LIMIT``.
+
+    An operator who lowers the limit below the defaults must not get every workflow that
+    relies on them refused: a default follows the limit, and only a value the workflow sets
+    over it is an error (issue 10). The stored workflow holds the values used.
+    """
+    limit = settings.max_poll_interval_limit
+    steps = []
+    for step in spec.steps:
+        given = step.model_fields_set
+        poll = step.poll_interval if "poll_interval" in given else min(DEFAULT_POLL_INTERVAL, limit)
+        ceiling = (
+            step.max_poll_interval
+            if "max_poll_interval" in given
+            else max(poll, min(DEFAULT_MAX_POLL_INTERVAL, limit))
+        )
+        steps.append(step.model_copy(update={"poll_interval": poll, "max_poll_interval": ceiling}))
+    return spec.model_copy(update={"steps": steps})
+
+
 def _check_bounds(step: StepSpec, where: str, settings: Settings) -> None:
+    if step.poll_interval > settings.max_poll_interval_limit:
+        raise LimitExceeded(
+            f"{where}.poll_interval",
+            f"{step.poll_interval}s is over the limit of {settings.max_poll_interval_limit}s "
+            "(ORCH_MAX_POLL_INTERVAL_LIMIT), which keeps heartbeats within their timeout",
+        )
     if step.max_poll_interval > settings.max_poll_interval_limit:
         raise LimitExceeded(
             f"{where}.max_poll_interval",

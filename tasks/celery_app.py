@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from celery import Celery
@@ -11,12 +12,18 @@ from celery.signals import worker_process_init
 from beat_schedule import beat_schedule
 from orchestration.celery_config import configure
 from orchestration.db import dispose_engines
+from orchestration.errors import ConfigurationError
 from orchestration.settings import get_settings
 
-settings = get_settings()
+try:
+    settings = get_settings()
+except ConfigurationError as exc:
+    # ``celery -A tasks worker`` with a bad setting: one line naming the variable, exit 2.
+    sys.stderr.write(f"error: {exc}\n")
+    raise SystemExit(2) from None
 app = configure(Celery("orchestration"), settings)
 app.conf.beat_schedule = beat_schedule(settings)
-app.conf.include = ["tasks.steps", "tasks.sweeper"]
+app.conf.include = ["tasks.steps", "tasks.sweeper", "tasks.turns"]
 
 
 @worker_process_init.connect

@@ -8,16 +8,25 @@ from functools import lru_cache
 
 from celery import Task
 from celery.exceptions import Ignore
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
 from orchestration.celery_config import STEP_TASK
 from orchestration.dispatch import CeleryDispatcher
 from orchestration.stepper import Halt, Poll, Stepper
 from tasks.celery_app import app, settings
+from tasks.limits import call_limits
 
 #: Consecutive database failures a step task rides out (with backoff) before it gives up and
 #: leaves the run to the sweeper's dead-heartbeat re-arm.
 MAX_DB_ERRORS = 12
+#: An execution makes one provider call (start or status), or the checkpoint snapshot and
+#: the webhook when it runs the effects.
+_SOFT, _HARD = call_limits(settings, calls=1, webhook=True)
+
+
+class DatabaseUnavailable(Exception):
+    """What a retry after a database error reports: the error's class, never its SQL
+    parameters (they hold step inputs and outputs, and would land in logs and Flower)."""
 
 
 @lru_cache(maxsize=1)
@@ -27,25 +36,37 @@ def _stepper(pid: int) -> Stepper:
 
 # max_retries=None: the bound on polling is the step's timeout, checked against the database
 # at every execution, not a retry count that a redelivery could reset.
-@app.task(bind=True, name=STEP_TASK, max_retries=None, acks_late=True)
+@app.task(
+    bind=True,
+    name=STEP_TASK,
+    max_retries=None,
+    acks_late=True,
+    soft_time_limit=_SOFT,
+    time_limit=_HARD,
+)
 def advance_step(self: Task, run_id: str, index: int, tick: int = 0, db_errors: int = 0) -> None:
     """Start, poll or finish step ``index`` of ``run_id``; ``tick`` fences duplicates."""
     stepper = _stepper(os.getpid())
     try:
         outcome = stepper.advance(run_id, int(index), int(tick))
+    except (DataError, IntegrityError) as exc:
+        # A value the database refuses is refused again on every retry: fail the step.
+        owned = stepper.fenced_tick if stepper.fenced_tick is not None else tick
+        what = type(exc.orig).__name__ if exc.orig is not None else type(exc).__name__
+        outcome = stepper.refuse(run_id, int(index), owned, what)
     except DBAPIError as exc:
         # The database dropped us (a restart, a failover). The retry carries the tick this
         # execution fenced (if it got that far), so it still owns the step when it comes back.
         if db_errors >= MAX_DB_ERRORS:
-            raise
+            raise DatabaseUnavailable(type(exc.orig).__name__) from None
         owned = stepper.fenced_tick if stepper.fenced_tick is not None else tick
         raise self.retry(
             countdown=min(2.0**db_errors * 0.25, settings.max_poll_interval_limit),
             kwargs={"tick": owned, "db_errors": db_errors + 1},
             argsrepr=f"(run={run_id}, step={index})",
             max_retries=None,
-            exc=exc,
-        ) from exc
+            exc=DatabaseUnavailable(type(exc.orig).__name__),
+        ) from None
     if isinstance(outcome, Poll):
         raise self.retry(
             countdown=outcome.countdown,

@@ -2,7 +2,9 @@
 
 The JSON API accepts only the ``Authorization`` header, so a browser holding the dashboard
 cookie cannot be tricked into calling it cross-site; the dashboard's own forms carry a CSRF
-value derived from the token (:func:`csrf_value`) and the cookie is ``SameSite=Strict``.
+value derived from the token (:func:`csrf_value`) and the cookie is ``SameSite=Strict``. The
+sign-in form, which has no token yet, uses a double-submit cookie instead (see
+:mod:`orchestration.api.dashboard`).
 """
 
 from __future__ import annotations
@@ -77,9 +79,15 @@ def csrf_value(token: str) -> str:
     ).hexdigest()
 
 
+def same_secret(expected: str, given: str) -> bool:
+    """A constant-time comparison of two texts, compared as UTF-8 bytes: on ``str``,
+    ``hmac.compare_digest`` raises for non-ASCII input, which made a forged form a 500."""
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "replace"))
+
+
 def csrf_ok(token: str, value: str) -> bool:
     """Whether a submitted CSRF value matches the session's token."""
-    return hmac.compare_digest(csrf_value(token), value)
+    return same_secret(csrf_value(token), value)
 
 
 ApiOwner = Annotated[str, Depends(api_owner)]

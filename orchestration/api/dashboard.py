@@ -3,12 +3,15 @@
 Auth is the API token, sent once through the login form and then kept in an ``HttpOnly``,
 ``SameSite=Strict`` cookie scoped to ``/dashboard`` (a bearer header works too). The form is a
 POST, so the token never lands in a URL, a history entry or an access log. State-changing
-forms carry a CSRF value derived from the token. Templates autoescape everything.
+forms carry a CSRF value derived from the token; the sign-in form carries a random one that
+must match a ``SameSite=Strict`` cookie set with the form. Templates autoescape everything.
+The runs list shows summaries, never a run's payloads.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,7 +23,14 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
 from orchestration.api import paging
-from orchestration.api.auth import COOKIE, csrf_ok, csrf_value, dashboard_token, resolve
+from orchestration.api.auth import (
+    COOKIE,
+    csrf_ok,
+    csrf_value,
+    dashboard_token,
+    resolve,
+    same_secret,
+)
 from orchestration.api.auth import orchestrator as app_orchestrator
 from orchestration.errors import OrchestrationError, RunNotFound
 from orchestration.service import Orchestrator
@@ -32,6 +42,9 @@ router = APIRouter(prefix="/dashboard", include_in_schema=False)
 PAGE_SIZE = 50
 #: How long the login cookie lasts (seconds); revoking the token ends it at once anyway.
 COOKIE_MAX_AGE = 12 * 3600
+#: The sign-in form's double-submit CSRF cookie, and how long a form stays valid (seconds).
+LOGIN_CSRF_COOKIE = "orch_login_csrf"
+LOGIN_CSRF_MAX_AGE = 3600
 
 _templates = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -207,20 +220,53 @@ async def cancel_run(request: Request, run_id: str) -> Response:
     return RedirectResponse(f"/dashboard/runs/{run_id}", status_code=303)
 
 
+def _login_form(request: Request, status_code: int = 200, error: str | None = None) -> HTMLResponse:
+    """The sign-in form, with its CSRF value in the form and in a cookie (double submit).
+
+    The value a browser already holds is kept, so a second tab's form stays valid.
+    """
+    value = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
+    response = _page("login.html", status_code, owner=None, error=error, csrf=value)
+    response.set_cookie(
+        LOGIN_CSRF_COOKIE,
+        value,
+        max_age=LOGIN_CSRF_MAX_AGE,
+        path="/dashboard/login",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
 @router.get("/login", response_class=HTMLResponse)
-def login_page() -> Response:
+def login_page(request: Request) -> Response:
     """The sign-in form."""
-    return _page("login.html", owner=None, error=None)
+    return _login_form(request)
 
 
 @router.post("/login")
 async def login(request: Request) -> Response:
-    """Check the token and keep it in the cookie."""
-    token = (await _form(request)).get("token", "").strip()
+    """Check the form's CSRF value and the token, then keep the token in the cookie.
+
+    Without the CSRF check a page on another site could post its own token and sign the
+    browser in as the attacker's owner (login CSRF); a ``SameSite=Strict`` cookie is not
+    sent with that cross-site post, and the other site cannot read it to fill the form.
+    """
+    form = await _form(request)
+    expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
+    if not expected or not same_secret(expected, form.get("csrf", "")):
+        return _login_form(
+            request,
+            403,
+            "the sign-in form is stale or came from another site; sign in again from this page",
+        )
+    token = form.get("token", "").strip()
     orch = app_orchestrator(request)
     if await run_in_threadpool(resolve, orch, token) is None:
-        return _page("login.html", 401, owner=None, error="unknown or revoked token")
+        return _login_form(request, 401, "unknown or revoked token")
     response = RedirectResponse("/dashboard", status_code=303)
+    response.delete_cookie(LOGIN_CSRF_COOKIE, path="/dashboard/login")
     response.set_cookie(
         COOKIE,
         token,

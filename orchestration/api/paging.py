@@ -1,9 +1,7 @@
-"""Cursor pagination over ``Orchestrator.list``, with the health filter the database lacks.
+"""Cursor pagination over ``Orchestrator.list``, which filters by status and health in SQL.
 
-Health is derived from the row and the clock, never stored, so a health filter reads pages
-and keeps the matching runs. The cursor is the last run *read* (not the last returned), so a
-filtered page may hold fewer than ``limit`` runs while ``next_cursor`` is still set; a client
-follows ``next_cursor`` until it is ``null``.
+Pages hold summaries (:class:`~orchestration.summaries.RunSummary`), never payloads. The
+cursor is the last run returned; a client follows ``next_cursor`` until it is ``null``.
 
 ``Orchestrator.list`` pages with ``created_at < before``, which would skip runs sharing the
 boundary's timestamp; so each page asks for ``before = created_at + 1µs`` and drops the runs
@@ -18,11 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from orchestration.errors import ValidationError
-from orchestration.records import RunRecord
 from orchestration.service import MAX_PAGE, Orchestrator
-from orchestration.states import Health
+from orchestration.summaries import RunSummary
 
-#: Most runs one filtered request reads before it returns a short page with a cursor.
+#: Most runs one request reads: a page, plus the runs of a boundary microsecond skipped.
 SCAN_LIMIT = 4 * MAX_PAGE
 _TICK = timedelta(microseconds=1)
 
@@ -54,16 +51,8 @@ class Key:
         return cls(created_at, run_id)
 
     @classmethod
-    def of(cls, record: RunRecord) -> Key:
+    def of(cls, record: RunSummary) -> Key:
         return cls(record.created_at, record.id)
-
-
-def check_health(health: str | None) -> None:
-    """Raise :class:`ValidationError` for an unknown health filter."""
-    if health is not None and health not in {h.value for h in Health}:
-        raise ValidationError(
-            "health", f"unknown health {health!r}; one of {[h.value for h in Health]}"
-        )
 
 
 def start_key(cursor: str | None, before: datetime | None) -> Key | None:
@@ -87,33 +76,33 @@ def page(
     health: str | None,
     limit: int,
     after: Key | None,
-) -> tuple[list[RunRecord], Key | None]:
-    """Up to ``limit`` of the owner's runs after ``after``; and the key to continue from."""
-    check_health(health)
+) -> tuple[list[RunSummary], Key | None]:
+    """Up to ``limit`` of the owner's runs after ``after``; and the key to continue from.
+
+    Raises :class:`ValidationError` for a bad filter or ``limit``.
+    """
     if not 1 <= limit <= MAX_PAGE:
         raise ValidationError("limit", f"must be between 1 and {MAX_PAGE}")
-    batch_size = limit if health is None else MAX_PAGE
-    found: list[RunRecord] = []
+    found: list[RunSummary] = []
     seen = after
     scanned = 0
     while True:
         before = None
         if seen is not None:
             before = seen.created_at + _TICK if seen.run_id else seen.created_at
-        batch = orch.list(owner=owner, status=status, limit=batch_size, before=before)
+        batch = orch.list(owner=owner, status=status, health=health, limit=limit, before=before)
+        scanned += len(batch)
         fresh = [record for record in batch if seen is None or Key.of(record) < seen]
-        if not fresh and len(batch) == batch_size and seen is not None:
+        if not fresh and len(batch) == limit and seen is not None:
             # More than a page of runs share one microsecond: step past all of them.
             seen = Key(seen.created_at, "")
             continue
         for record in fresh:
             seen = Key.of(record)
-            scanned += 1
-            if health is None or record.health == health:
-                found.append(record)
-                if len(found) == limit:
-                    return found, seen
-        if len(batch) < batch_size:
+            found.append(record)
+            if len(found) == limit:
+                return found, seen
+        if len(batch) < limit:
             return found, None
         if scanned >= SCAN_LIMIT:
             return found, seen

@@ -19,6 +19,7 @@ from orchestration.claims import OnConflict
 from orchestration.errors import ValidationError
 from orchestration.records import RunRecord
 from orchestration.service import MAX_PAGE
+from orchestration.summaries import RunSummary
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -51,9 +52,9 @@ class AnswerRequest(BaseModel):
 
 
 class RunPage(BaseModel):
-    """One page of runs, newest first."""
+    """One page of runs, newest first, as summaries: ``GET /runs/{id}`` has the payloads."""
 
-    runs: list[RunRecord]
+    runs: list[RunSummary]
     next_cursor: str | None = Field(
         description="Pass as `cursor` for the next page; `null` when there is none."
     )
@@ -112,7 +113,8 @@ def list_runs(
         datetime | None, Query(description="Only runs created before this time (ISO 8601).")
     ] = None,
 ) -> RunPage:
-    """The caller's runs, newest first, one page at a time."""
+    """The caller's runs, newest first, one page at a time, as summaries without payloads
+    (workflow, args, result, step input and output): ``GET /runs/{id}`` has those."""
     runs, last = paging.page(
         orch,
         owner=owner,

@@ -3,17 +3,23 @@
 Each endpoint is a request spec (``url``, ``method``, ``headers``, JSON ``body`` template);
 dotted paths pick the run id, status word, output, error and prompt out of the answers, and
 ``status_map`` turns the service's words into ours. Options are stored in the run's row, so a
-secret header is ``{env: NAME, prefix: "..."}``, resolved at call time and redacted from
-errors. ``start`` sends the turn key as ``Idempotency-Key``; the service must honour it (a
-second start with the same key answers the first turn's id), which also makes a retry safe.
+secret header is ``{secret: NAME, prefix: "..."}`` (``env:`` is the older spelling), resolved
+at call time from the worker's environment and redacted from errors. A secret must be
+declared in ``ORCH_PROVIDER_SECRETS`` for the hosts of every URL it is sent to, and every URL
+must be inside ``ORCH_PROVIDER_HOSTS``; both are checked at launch and again at call time.
+``start`` sends the turn key as ``Idempotency-Key``; the service must honour it (a second
+start with the same key answers the first turn's id), which also makes a retry safe.
+``status`` and ``cancel`` address a turn by ``{run_id}`` or by ``{key}``; only ``{key}`` can
+reach a turn whose start timed out after it was sent (its run id is unknown).
 
-:class:`Exchange`, the bounded and classified HTTP call, serves the langgraph provider too.
+:class:`Exchange`, the bounded and classified HTTP call, serves the langgraph provider and
+the webhook too: one :class:`~orchestration.providers.transport.Deadline` bounds a whole
+call, DNS to last byte, however the server behaves.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -24,8 +30,19 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from orchestration import secrets
+from orchestration.egress import (
+    LAUNCH_RESOLVE_SECONDS,
+    AllowList,
+    Resolver,
+    check_launch_url,
+    parse_allow_list,
+    system_resolver,
+)
 from orchestration.errors import PermanentProviderError, RetryableProviderError, ValidationError
+from orchestration.providers import budget
 from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
+from orchestration.providers.transport import Deadline, bounded_client
 from orchestration.settings import Settings
 
 #: A guard on memory, not the output bound: no provider answer is read past this.
@@ -38,6 +55,7 @@ _RETRY_DELAYS = (0.1, 0.3)
 #: Client errors that mean "later", not "never".
 _TRANSIENT_CLIENT_STATUSES = frozenset({408, 429})
 _SNIPPET_CHARS = 300
+_PLACEHOLDER = re.compile(r"\{\w+\}")
 
 
 @dataclass(frozen=True)
@@ -57,17 +75,15 @@ class Exchange:
     when the caller says the request is safe to repeat.
     """
 
-    def __init__(self, client: httpx.Client, bound: float, secrets: Collection[str] = ()) -> None:
+    def __init__(self, client: httpx.Client, deadline: Deadline, settings: Settings) -> None:
         self._client = client
-        self._bound = bound
-        self._deadline = time.monotonic() + bound
-        self._secrets = [secret for secret in secrets if secret]
+        self._deadline = deadline
+        self._bound = deadline.bound
+        self._settings = settings
 
     def redact(self, text: str) -> str:
-        """``text`` with every resolved secret replaced, fit for an error message."""
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        """``text`` with every declared secret replaced, fit for an error message."""
+        return secrets.redact(text, self._settings)
 
     def send(
         self,
@@ -84,7 +100,11 @@ class Exchange:
         """One request; a 2xx or a status in ``accept`` is returned, anything else raises."""
         try:
             request = self._client.build_request(
-                method, url, json=json_body, headers=headers, params=params
+                method,
+                url,
+                json=json_body,
+                headers={"Accept-Encoding": "identity", **(headers or {})},
+                params=params,
             )
         except httpx.InvalidURL as exc:
             raise PermanentProviderError(self.redact(f"{what}: {url}: {exc}")) from None
@@ -93,7 +113,7 @@ class Exchange:
             got = self._once(request)
             retry = got is None or (repeatable and got[0] in _RETRY_STATUSES)
             delay = next(delays, None) if retry else None
-            if delay is not None and self._deadline - time.monotonic() > delay:
+            if delay is not None and self._deadline.remaining() > delay:
                 time.sleep(delay)
                 continue
             if got is None:
@@ -101,23 +121,29 @@ class Exchange:
             return self._reply(what, method, url, *got, accept)
 
     def _once(self, request: httpx.Request) -> tuple[int, bytes] | None:
-        """Status and body, or ``None`` when no connection could be made (nothing was sent)."""
+        """Status and body, or ``None`` when no connection could be made (nothing was sent).
+
+        The body is read raw and only while it stays under :data:`MAX_RESPONSE_BYTES` and
+        the deadline: an answer that says it is bigger is not read at all, and a compressed
+        one is refused (a small gzip bomb would inflate past the guard in one chunk).
+        """
         what = f"{request.method} {request.url}"
-        remaining = self._deadline - time.monotonic()
+        remaining = self._deadline.remaining()
         if remaining <= 0:
             raise RetryableProviderError(self.redact(f"{what}: no time left within {self._bound}s"))
         request.extensions["timeout"] = httpx.Timeout(remaining).as_dict()
         try:
             response = self._client.send(request, stream=True)
             try:
+                _check_framing(what, response)
                 chunks: list[bytes] = []
                 size = 0
-                for chunk in response.iter_bytes():
+                for chunk in response.iter_raw():
                     chunks.append(chunk)
                     size += len(chunk)
                     if size > MAX_RESPONSE_BYTES:
                         raise PermanentProviderError(f"{what}: answer over {MAX_RESPONSE_BYTES} B")
-                    if time.monotonic() > self._deadline:
+                    if self._deadline.remaining() <= 0:
                         raise httpx.ReadTimeout("answer still arriving at the deadline")
             finally:
                 response.close()
@@ -140,7 +166,7 @@ class Exchange:
     ) -> Reply:
         text = raw.decode("utf-8", errors="replace")
         if not (200 <= status < 300 or status in accept):
-            snippet = self.redact(text.strip()[:_SNIPPET_CHARS])
+            snippet = self.redact(text.strip())[:_SNIPPET_CHARS]
             message = f"{what}: {method} {url} answered {status}: {snippet or '(empty body)'}"
             if status >= 500 or status in _TRANSIENT_CLIENT_STATUSES:
                 raise RetryableProviderError(message)
@@ -150,30 +176,61 @@ class Exchange:
         except json.JSONDecodeError:
             if status in accept:
                 return Reply(status, None)
-            snippet = self.redact(text.strip()[:_SNIPPET_CHARS])
+            snippet = self.redact(text.strip())[:_SNIPPET_CHARS]
             raise PermanentProviderError(
                 f"{what}: {method} {url} answered {status} with a body that is not JSON: {snippet}"
             ) from None
 
 
+def _check_framing(what: str, response: httpx.Response) -> None:
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise PermanentProviderError(
+            f"{what}: answered with Content-Encoding {encoding!r}; only identity is accepted"
+        )
+    length = response.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_RESPONSE_BYTES:
+        raise PermanentProviderError(
+            f"{what}: answer of {length} B announced, over {MAX_RESPONSE_BYTES} B"
+        )
+
+
+def allow_list(settings: Settings) -> AllowList:
+    """``ORCH_PROVIDER_HOSTS``, parsed (validated when the settings were loaded)."""
+    return parse_allow_list(settings.provider_hosts)
+
+
 @contextmanager
-def exchange(bound: float, secrets: Collection[str] = ()) -> Iterator[Exchange]:
-    """A fresh client per provider call: nothing is shared across forked worker processes."""
-    with httpx.Client(follow_redirects=False) as client:
-        yield Exchange(client, bound, secrets)
+def exchange(
+    settings: Settings,
+    *,
+    bound: float | None = None,
+    allow: AllowList | None = None,
+    resolver: Resolver = system_resolver,
+) -> Iterator[Exchange]:
+    """A fresh client per call (nothing is shared across forked worker processes), all of
+    it bounded by ``bound`` (default ``ORCH_PROVIDER_TIMEOUT``) and ``allow`` (default
+    ``ORCH_PROVIDER_HOSTS``), and by the enclosing :mod:`budget` if any (``cancel``)."""
+    deadline = Deadline(budget.clamp(settings.provider_timeout if bound is None else bound))
+    chosen = allow_list(settings) if allow is None else allow
+    with bounded_client(chosen, deadline, resolver) as client:
+        yield Exchange(client, deadline, settings)
+
+
+def check_egress(url: str, field: str, settings: Settings, resolver: Resolver) -> None:
+    """Launch check of a provider URL against ``ORCH_PROVIDER_HOSTS`` (``ValidationError``)."""
+    check_launch_url(
+        allow_list(settings),
+        url,
+        field,
+        resolver=resolver,
+        timeout=min(LAUNCH_RESOLVE_SECONDS, settings.provider_timeout),
+    )
 
 
 def json_size(value: JSON) -> int:
     """Bytes of ``value`` as the engine stores it."""
     return len(json.dumps(value, ensure_ascii=False).encode())
-
-
-def oversize(output: JSON, limit: int) -> str | None:
-    """Why ``output`` cannot be a step's output, or ``None`` when it fits."""
-    size = json_size(output)
-    if size <= limit:
-        return None
-    return f"the output is {size} bytes, over the limit of {limit} (ORCH_MAX_OUTPUT_BYTES)"
 
 
 def fill(template: JSON, values: Mapping[str, JSON]) -> JSON:
@@ -220,7 +277,7 @@ def check_url(value: Any, field: str) -> None:
     """An absolute http(s) URL, or a ``ValidationError`` naming ``field``."""
     if not isinstance(value, str) or not value:
         raise ValidationError(field, "is required: an http(s) URL")
-    parts = urlsplit(value.replace("{run_id}", "x"))
+    parts = urlsplit(_PLACEHOLDER.sub("x", value))
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValidationError(field, f"must be an absolute http(s) URL, not {value!r}")
 
@@ -242,6 +299,12 @@ _DEFAULT_METHODS = {"start": "POST", "resume": "POST", "status": "GET", "cancel"
 _DEFAULT_BODY: dict[str, JSON] = {"task": "{task}"}
 #: Cancelling a turn the service no longer has, or that already finished, is not an error.
 _CANCEL_DONE = (404, 409, 410)
+#: The two spellings of a secret header's name.
+_SECRET_KINDS = ("secret", "env")
+
+
+def _secret_kind(value: Mapping[str, Any]) -> str:
+    return next(kind for kind in _SECRET_KINDS if kind in value)
 
 
 def _check_headers(headers: Any, field: str) -> None:
@@ -251,14 +314,23 @@ def _check_headers(headers: Any, field: str) -> None:
         where = f"{field}.{name}"
         if isinstance(value, str):
             continue
-        if not isinstance(value, Mapping) or set(value) - {"env", "prefix"} or "env" not in value:
+        kinds = [kind for kind in _SECRET_KINDS if isinstance(value, Mapping) and kind in value]
+        if (
+            not isinstance(value, Mapping)
+            or len(kinds) != 1
+            or set(value) - {*_SECRET_KINDS, "prefix"}
+        ):
             raise ValidationError(
-                where, "must be a string or {env: VARIABLE_NAME, prefix: optional text}"
+                where, "must be a string or {secret: NAME, prefix: optional text}"
             )
-        if not isinstance(value["env"], str) or not value["env"]:
-            raise ValidationError(f"{where}.env", "must name an environment variable")
+        if not isinstance(value[kinds[0]], str) or not value[kinds[0]]:
+            raise ValidationError(f"{where}.{kinds[0]}", "must name a secret")
         if not isinstance(value.get("prefix", ""), str):
             raise ValidationError(f"{where}.prefix", "must be a string")
+
+
+def _uses(spec: Mapping[str, Any], placeholder: str) -> bool:
+    return "{" + placeholder + "}" in json.dumps([spec["url"], spec.get("body")])
 
 
 def _check_spec(options: Mapping[str, Any], name: str) -> None:
@@ -272,10 +344,10 @@ def _check_spec(options: Mapping[str, Any], name: str) -> None:
         raise ValidationError(f"{name}.method", f"must be one of {', '.join(_METHODS)}")
     if "headers" in spec:
         _check_headers(spec["headers"], f"{name}.headers")
-    if name in ("status", "cancel") and "{run_id}" not in json.dumps(
-        [spec["url"], spec.get("body")]
-    ):
-        raise ValidationError(f"{name}.url", "must contain {run_id} (in the url or the body)")
+    if name in ("status", "cancel") and not (_uses(spec, "run_id") or _uses(spec, "key")):
+        raise ValidationError(
+            f"{name}.url", "must contain {run_id} or {key} (in the url or the body)"
+        )
 
 
 def _status_map(options: Mapping[str, Any]) -> dict[str, ProviderStatus]:
@@ -285,20 +357,34 @@ def _status_map(options: Mapping[str, Any]) -> dict[str, ProviderStatus]:
     return {str(word): ProviderStatus(value) for word, value in raw.items()}
 
 
+def _secret_headers(
+    options: Mapping[str, Any], name: str
+) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """Each secret header endpoint ``name`` sends: its option field, header and value (the
+    top-level headers apply to every endpoint unless the endpoint sets the same header)."""
+    own = options[name].get("headers", {})
+    merged = {**options.get("headers", {}), **own}
+    for header, value in merged.items():
+        if isinstance(value, Mapping):
+            field = f"{name}.headers.{header}" if header in own else f"headers.{header}"
+            yield f"{field}.{_secret_kind(value)}", header, value
+
+
 class HttpProvider:
-    """See the module docstring."""
+    """See the module docstring. ``resolver`` maps host names to addresses (tests inject
+    one; the system's by default) for the launch and connect-time checks."""
 
     name = "http"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, resolver: Resolver = system_resolver) -> None:
         self._settings = settings
+        self._resolver = resolver
 
     def validate(self, options: Mapping[str, Any]) -> None:
         check_known(options, _OPTIONS)
-        for name in ("start", "status", "cancel"):
+        endpoints = ["start", "status", "cancel", *(["resume"] if "resume" in options else [])]
+        for name in endpoints:
             _check_spec(options, name)
-        if "resume" in options:
-            _check_spec(options, "resume")
         if "headers" in options:
             _check_headers(options["headers"], "headers")
         for name in _PATHS:
@@ -307,33 +393,29 @@ class HttpProvider:
             if needed and not (isinstance(value, str) and value):
                 raise ValidationError(name, "must be a dotted path such as data.id")
         status_map = options.get("status_map")
-        if status_map is None:
-            return
-        words = sorted(status.value for status in ProviderStatus)
-        if not isinstance(status_map, Mapping) or not status_map:
-            raise ValidationError("status_map", f"must map the service's words to {words}")
-        for word, value in status_map.items():
-            if value not in words:
-                raise ValidationError(f"status_map.{word}", f"must be one of {words}")
+        if status_map is not None:
+            words = sorted(status.value for status in ProviderStatus)
+            if not isinstance(status_map, Mapping) or not status_map:
+                raise ValidationError("status_map", f"must map the service's words to {words}")
+            for word, value in status_map.items():
+                if value not in words:
+                    raise ValidationError(f"status_map.{word}", f"must be one of {words}")
+        for name in endpoints:
+            url = options[name]["url"]
+            check_egress(url, f"{name}.url", self._settings, self._resolver)
+            for field, _header, value in _secret_headers(options, name):
+                secret = value[_secret_kind(value)]
+                secrets.check_bound(secret, {f"{name}.url": url}, field, self._settings)
 
-    def _headers(self, options: Mapping[str, Any], name: str) -> tuple[dict[str, str], list[str]]:
-        """The request's headers with secrets resolved, and the secrets (for redaction)."""
+    def _headers(self, options: Mapping[str, Any], name: str, url: str) -> dict[str, str]:
+        """The request's headers, with each secret checked against ``url`` and resolved."""
         merged = {**options.get("headers", {}), **options[name].get("headers", {})}
-        headers: dict[str, str] = {}
-        secrets: list[str] = []
-        for header, value in merged.items():
-            if isinstance(value, str):
-                headers[header] = value
-                continue
-            secret = os.environ.get(value["env"])
-            if not secret:
-                raise PermanentProviderError(
-                    f"http: header {header} needs the environment variable {value['env']}, "
-                    "which is not set on this worker"
-                )
-            secrets.append(secret)
-            headers[header] = value.get("prefix", "") + secret
-        return headers, secrets
+        headers = {header: value for header, value in merged.items() if isinstance(value, str)}
+        for _field, header, value in _secret_headers(options, name):
+            secret = value[_secret_kind(value)]
+            resolved = secrets.secret_value(secret, url, self._settings, f"http {name}")
+            headers[header] = value.get("prefix", "") + resolved
+        return headers
 
     def _call(
         self,
@@ -345,13 +427,13 @@ class HttpProvider:
         accept: Collection[int] = (),
     ) -> Reply:
         spec = options[name]
-        headers, secrets = self._headers(options, name)
-        headers.update(extra_headers or {})
         url_values = {key: quote(str(value), safe="") for key, value in values.items()}
         url = str(fill(spec["url"], url_values))
+        headers = self._headers(options, name, url)
+        headers.update(extra_headers or {})
         method = str(spec.get("method", _DEFAULT_METHODS[name])).upper()
         body = spec.get("body", _DEFAULT_BODY if name in ("start", "resume") else None)
-        with exchange(self._settings.provider_timeout, secrets) as http:
+        with exchange(self._settings, resolver=self._resolver) as http:
             return http.send(
                 method,
                 url,
@@ -370,27 +452,41 @@ class HttpProvider:
         if not found or not isinstance(run_id, str | int) or isinstance(run_id, bool):
             raise PermanentProviderError(
                 f"http {name}: the answer has no run id at {options['run_id_path']!r}: "
-                f"{json.dumps(reply.body)[:_SNIPPET_CHARS]}"
+                f"{self._shown(reply.body)}"
             )
         return str(run_id)
 
-    def status(self, ref: TurnRef) -> TurnStatus:
-        if ref.provider_run_id is None:
+    def _shown(self, body: JSON) -> str:
+        """A service's answer as an error quotes it: redacted, then cut."""
+        return secrets.redact(json.dumps(body), self._settings)[:_SNIPPET_CHARS]
+
+    def _address(self, ref: TurnRef, name: str) -> dict[str, JSON]:
+        """The values that name the turn for ``status``/``cancel``; without a run id only an
+        endpoint written with ``{key}`` alone can reach it."""
+        if ref.provider_run_id is not None:
+            return {"run_id": ref.provider_run_id, "key": ref.key}
+        if _uses(ref.options[name], "run_id"):
             raise PermanentProviderError(
-                "http status: the turn has no provider run id (start never answered)"
+                f"http {name}: the turn has no provider run id (its start never answered) and "
+                f"{name}.url addresses turns by {{run_id}}, so the turn cannot be addressed; "
+                f"write {name}.url with {{key}} (the Idempotency-Key) to reach such turns"
             )
+        return {"key": ref.key}
+
+    def status(self, ref: TurnRef) -> TurnStatus:
         options = ref.options
-        reply = self._call(options, "status", {"run_id": ref.provider_run_id, "key": ref.key})
+        reply = self._call(options, "status", self._address(ref, "status"))
         found, word = pick(reply.body, options["status_path"])
         if not found or not isinstance(word, str):
             raise PermanentProviderError(
                 f"http status: the answer has no status word at {options['status_path']!r}: "
-                f"{json.dumps(reply.body)[:_SNIPPET_CHARS]}"
+                f"{self._shown(reply.body)}"
             )
         known = _status_map(options)
         if word not in known:
             raise PermanentProviderError(
-                f"http status: the service said {word!r}, which status_map does not know; "
+                f"http status: the service said {secrets.redact(repr(word), self._settings)}, "
+                "which status_map does not know; "
                 f"known words: {', '.join(sorted(known))}"
             )
         return self._status(known[word], word, reply.body, options)
@@ -402,11 +498,8 @@ class HttpProvider:
             return pick(body, options[name])[1] if name in options else None
 
         if status in (ProviderStatus.COMPLETED, ProviderStatus.IDLE):
-            output = at("output_path")
-            too_big = oversize(output, self._settings.max_output_bytes)
-            if too_big:
-                return TurnStatus(ProviderStatus.FAILED, raw=word, error=too_big)
-            return TurnStatus(status, raw=word, output=output)
+            # Its size is the engine's to judge (``over_limit``), like every returned value.
+            return TurnStatus(status, raw=word, output=at("output_path"))
         if status is ProviderStatus.FAILED:
             error = at("error_path")
             text = error if isinstance(error, str) else json.dumps(error)
@@ -416,11 +509,7 @@ class HttpProvider:
         return TurnStatus(status, raw=word)
 
     def cancel(self, ref: TurnRef) -> None:
-        # Without a run id there is nothing to address; asking start again would begin a turn.
-        if ref.provider_run_id is None:
-            return
-        values = {"run_id": ref.provider_run_id, "key": ref.key}
-        self._call(ref.options, "cancel", values, accept=_CANCEL_DONE)
+        self._call(ref.options, "cancel", self._address(ref, "cancel"), accept=_CANCEL_DONE)
 
     def snapshot(self, ref: TurnRef) -> JSON:
         observed = self.status(ref)

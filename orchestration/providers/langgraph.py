@@ -4,8 +4,11 @@ LangSmith deployment), over its REST API.
 Options (``with:``): ``url`` and ``assistant_id`` (an assistant id or a graph name) are
 required; ``input`` is the run's input, where a ``"{task}"`` string is replaced by the step's
 rendered task (default ``{"messages": [{"role": "user", "content": task}]}``); ``config`` is
-passed to the run; ``api_key_env`` names the variable holding the API key (default
-``LANGGRAPH_API_KEY``, then ``LANGSMITH_API_KEY``), sent as ``x-api-key`` and never stored.
+passed to the run; ``api_key_env`` names the secret holding the API key, sent as
+``x-api-key`` and never stored. The secret must be declared in ``ORCH_PROVIDER_SECRETS`` for
+the host of ``url`` (a tenant's workflow could otherwise point ``url`` at its own server and
+collect the key), and without ``api_key_env`` no key is sent: the old default of
+``LANGGRAPH_API_KEY`` / ``LANGSMITH_API_KEY`` is gone, so name it when it is wanted.
 
 The server has no idempotency key, so a step owns one thread, ``uuid5`` of ``run:step`` (the
 turn key without its attempt), and every run carries its turn key in its metadata: ``start``
@@ -20,22 +23,23 @@ Completion is read on the run, the rest on the thread: a ``success`` run whose t
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from orchestration import secrets
+from orchestration.egress import Resolver, system_resolver
 from orchestration.errors import PermanentProviderError, RetryableProviderError, ValidationError
 from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
 from orchestration.providers.http import (
     Exchange,
+    check_egress,
     check_known,
     check_url,
     exchange,
     fill,
     json_size,
-    oversize,
 )
 from orchestration.settings import Settings
 
@@ -44,7 +48,6 @@ THREAD_NAMESPACE = uuid.UUID("5f0c2a9e-7d41-4b8e-9a57-3c6e1d2b8f40")
 #: Run metadata field that carries the turn key.
 KEY_FIELD = "orchestration_turn_key"
 _OPTIONS = ("url", "assistant_id", "input", "config", "api_key_env")
-_API_KEY_ENVS = ("LANGGRAPH_API_KEY", "LANGSMITH_API_KEY")
 _RUN_PAGE = 100
 _RUN_WORDS = {
     "pending": ProviderStatus.PENDING,
@@ -99,12 +102,14 @@ def _prompt(thread: Mapping[str, Any]) -> JSON:
 
 
 class LangGraphProvider:
-    """See the module docstring."""
+    """See the module docstring. ``resolver`` maps host names to addresses (tests inject
+    one; the system's by default) for the launch and connect-time checks."""
 
     name = "langgraph"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, resolver: Resolver = system_resolver) -> None:
         self._settings = settings
+        self._resolver = resolver
 
     def validate(self, options: Mapping[str, Any]) -> None:
         check_known(options, _OPTIONS)
@@ -117,17 +122,23 @@ class LangGraphProvider:
                 raise ValidationError(name, "must be a mapping")
         api_key_env = options.get("api_key_env")
         if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
-            raise ValidationError("api_key_env", "must name an environment variable")
+            raise ValidationError("api_key_env", "must name a secret")
+        check_egress(options["url"], "url", self._settings, self._resolver)
+        if api_key_env is not None:
+            secrets.check_bound(api_key_env, {"url": options["url"]}, "api_key_env", self._settings)
 
     @contextmanager
     def _session(
         self, options: Mapping[str, Any]
     ) -> Iterator[tuple[Exchange, str, dict[str, str]]]:
-        names = [options["api_key_env"]] if "api_key_env" in options else _API_KEY_ENVS
-        api_key = next((os.environ[name] for name in names if os.environ.get(name)), None)
-        headers = {"x-api-key": api_key} if api_key else {}
-        with exchange(self._settings.provider_timeout, [api_key or ""]) as http:
-            yield http, str(options["url"]).rstrip("/"), headers
+        url = str(options["url"])
+        headers: dict[str, str] = {}
+        if "api_key_env" in options:
+            headers["x-api-key"] = secrets.secret_value(
+                options["api_key_env"], url, self._settings, "langgraph"
+            )
+        with exchange(self._settings, resolver=self._resolver) as http:
+            yield http, url.rstrip("/"), headers
 
     def _find_run(
         self, http: Exchange, base: str, headers: dict[str, str], thread: str, key: str
@@ -210,7 +221,8 @@ class LangGraphProvider:
                 )
         run_id = reply.body.get("run_id") if isinstance(reply.body, dict) else None
         if not isinstance(run_id, str):
-            raise PermanentProviderError(f"langgraph create run: no run_id in {reply.body!r:.300}")
+            shown = secrets.redact(repr(reply.body), self._settings)[:300]
+            raise PermanentProviderError(f"langgraph create run: no run_id in {shown}")
         return run_id
 
     def _run_id(self, http: Exchange, base: str, headers: dict[str, str], ref: TurnRef) -> str:
@@ -243,7 +255,8 @@ class LangGraphProvider:
                 )
             if word not in ("success", "error"):
                 raise PermanentProviderError(
-                    f"langgraph: run {run_id} has status {word!r}, which this provider does not "
+                    f"langgraph: run {run_id} has status {http.redact(repr(word))}, which this "
+                    "provider does not "
                     "know (pending, running, success, error, timeout, interrupted)"
                 )
             found = self._get(http, f"{base}/threads/{thread}", headers, "langgraph thread")
@@ -267,14 +280,14 @@ class LangGraphProvider:
             return TurnStatus(ProviderStatus.FAILED, raw=raw, error=_text(thread.get("error")))
         if word != "idle":
             raise PermanentProviderError(
-                f"langgraph: thread {thread.get('thread_id')} has status {word!r}, which this "
+                f"langgraph: thread {thread.get('thread_id')} has status "
+                f"{secrets.redact(repr(word), self._settings)}, which this "
                 "provider does not know (idle, busy, interrupted, error)"
             )
-        output = last_answer(thread.get("values"))
-        too_big = oversize(output, self._settings.max_output_bytes)
-        if too_big:
-            return TurnStatus(ProviderStatus.FAILED, raw=raw, error=too_big)
-        return TurnStatus(ProviderStatus.COMPLETED, raw=raw, output=output)
+        # Its size is the engine's to judge (``over_limit``), like every returned value.
+        return TurnStatus(
+            ProviderStatus.COMPLETED, raw=raw, output=last_answer(thread.get("values"))
+        )
 
     def _error(
         self, http: Exchange, base: str, headers: dict[str, str], thread: Mapping[str, Any]

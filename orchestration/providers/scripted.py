@@ -6,6 +6,12 @@ so every worker process sees the same turn, and ``start`` is idempotent per key 
 runtime's idempotency key is. A cancel tombstones the key: a start that arrives after it
 returns the cancelled turn instead of starting a new one.
 
+Every ``start`` call is also journaled (``scripted_start_calls``: the key, when the call came
+on the provider's own clock, and what it did), like a real runtime's access log. A turn row
+cannot show a second start of the same key, nor a start that hit a tombstone after a cancel;
+the journal does, so the chaos audit and the tests count what the provider saw, not what the
+engine stored.
+
 Options (``with:``):
 
 * ``states``: e.g. ``[["running", 0.5], ["idle"]]`` (default ``[["running", 1], ["completed"]]``)
@@ -31,7 +37,18 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Column, Integer, MetaData, String, Table, select, update
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    select,
+    update,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -60,6 +77,20 @@ TURNS = Table(
     Column("started_at", UTCDateTime()),
     Column("cancel_requested_at", UTCDateTime()),
     Column("start_calls", Integer, nullable=False, default=0),
+)
+
+#: What a ``start`` call did: began the turn, found it already begun, or found the tombstone a
+#: cancel left (and began nothing).
+STARTED, EXISTING, TOMBSTONE = "started", "existing", "tombstone"
+
+START_CALLS = Table(
+    "scripted_start_calls",
+    _META,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key", String(200), nullable=False),
+    Column("called_at", UTCDateTime(), nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Index("ix_scripted_start_calls_key", "key"),
 )
 
 _DEFAULT_STATES: list[list[Any]] = [["running", 1], ["completed"]]
@@ -147,8 +178,9 @@ class ScriptedProvider:
         try:
             _META.create_all(get_engine(self._url), checkfirst=True)
         except DBAPIError:
-            # Another process created the table between the check and the create (PostgreSQL
-            # reports a duplicate type); it exists now, which is all that is needed.
+            # Another process created the tables between the check and the create (PostgreSQL
+            # reports a duplicate type); they exist now, which is all that is needed. One
+            # transaction creates both, so either both are there or neither is.
             _META.create_all(get_engine(self._url), checkfirst=True)
 
     def validate(self, options: Mapping[str, Any]) -> None:
@@ -169,6 +201,7 @@ class ScriptedProvider:
 
     def start(self, request: TurnRequest) -> str:
         run_id = "scripted-" + hashlib.sha256(request.key.encode()).hexdigest()[:20]
+        called_at = utcnow()
         with session_scope(self._url) as session:
             try:
                 with session.begin_nested():
@@ -180,10 +213,11 @@ class ScriptedProvider:
                             input=request.input,
                             resume=request.resume,
                             resuming=request.resuming,
-                            started_at=utcnow(),
+                            started_at=called_at,
                             start_calls=1,
                         )
                     )
+                outcome = STARTED
             except IntegrityError:
                 # Same key: the turn exists (or was tombstoned by a cancel); never a second one.
                 session.execute(
@@ -191,6 +225,14 @@ class ScriptedProvider:
                     .where(TURNS.c.key == request.key)
                     .values(start_calls=TURNS.c.start_calls + 1)
                 )
+                started_at = session.execute(
+                    select(TURNS.c.started_at).where(TURNS.c.key == request.key)
+                ).scalar_one()
+                outcome = TOMBSTONE if started_at is None else EXISTING
+            # In the turn's own transaction: a call whose turn never committed did nothing.
+            session.execute(
+                START_CALLS.insert().values(key=request.key, called_at=called_at, outcome=outcome)
+            )
         return run_id
 
     def _row(self, key: str) -> Any:
@@ -277,6 +319,18 @@ class ScriptedProvider:
         with session_scope(self._url) as session:
             rows = session.execute(
                 select(TURNS).where(TURNS.c.key.startswith(key_prefix, autoescape=True))
+            ).all()
+        return [dict(row._mapping) for row in rows]
+
+    def start_calls(self, key_prefix: str) -> list[dict[str, Any]]:
+        """Every ``start`` call on a key that starts with ``key_prefix``, in the order the
+        provider journaled them (``key``, ``called_at``, ``outcome``): what the provider saw,
+        so a repeated start, or a start after a cancel, shows though it began no second turn."""
+        with session_scope(self._url) as session:
+            rows = session.execute(
+                select(START_CALLS.c.key, START_CALLS.c.called_at, START_CALLS.c.outcome)
+                .where(START_CALLS.c.key.startswith(key_prefix, autoescape=True))
+                .order_by(START_CALLS.c.id)
             ).all()
         return [dict(row._mapping) for row in rows]
 

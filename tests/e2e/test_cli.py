@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +126,76 @@ def test_sweep_and_health(stack: Stack) -> None:
     assert {"live", "rearmed", "seconds"} <= set(report)
     health = cli(stack, "health", "--json")
     assert json.loads(health.stdout)["checks"]["sweeper"]["ok"] is True
+
+
+# -- a newcomer's first hour (issue 15) -------------------------------------------------------
+
+
+def _without_orch(env: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in env.items() if not key.startswith("ORCH_")}
+
+
+def test_db_upgrade_creates_the_folder_of_a_sqlite_file(stack: Stack, tmp_path: Path) -> None:
+    database = tmp_path / "orchestration-docs" / "walkthrough.db"
+    env = {**stack.env, "ORCH_DATABASE_URL": f"sqlite:///{database}"}
+    result = subprocess.run(
+        [CLI, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "database at revision head" in result.stdout and database.is_file()
+
+
+def test_beat_creates_the_folder_of_its_schedule_file(stack: Stack, tmp_path: Path) -> None:
+    schedule = tmp_path / "orchestration-docs" / "beat-schedule"
+    beat = ManagedProcess([CLI, "beat", "-s", str(schedule)], stack.env, tmp_path / "beat.log")
+    try:
+        beat.wait_for_log("beat: Starting", timeout=30)
+        wait_for(lambda: any(schedule.parent.glob("beat-schedule*")), 15, what="schedule file")
+        assert beat.proc.poll() is None, beat.log()
+    finally:
+        beat.stop()
+    assert "FileNotFoundError" not in beat.log()
+
+
+def test_a_bad_setting_is_one_json_line_with_json(stack: Stack) -> None:
+    env = {**stack.env, "ORCH_REVOKE_SIGNAL": "SIGFOO"}
+    result = subprocess.run(
+        [CLI, "show", "x", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    error = json.loads(line)["error"]
+    assert error["code"] == "configuration_error" and "ORCH_REVOKE_SIGNAL" in error["message"]
+
+
+def test_the_demo_piped_prints_clean_lines_and_leaves_no_folder(tmp_path: Path) -> None:
+    env = {**_without_orch(dict(os.environ)), "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        [CLI, "demo"], env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    heading = [line for line in result.stdout.splitlines() if "final records" in line]
+    assert len(heading) == 1 and heading[0].startswith("─"), result.stdout
+    assert "\x1b[" not in result.stdout, "no cursor movement or colour when piped"
+    assert not list(tmp_path.glob("orchestration-demo-*"))
+
+
+def test_an_interrupted_demo_leaves_no_folder(tmp_path: Path) -> None:
+    env = {**_without_orch(dict(os.environ)), "TMPDIR": str(tmp_path)}
+    demo = subprocess.Popen(
+        [CLI, "demo"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if "worker" in line and "ready" in line:
+                break
+        assert list(tmp_path.glob("orchestration-demo-*")), "the demo made its folder"
+        demo.send_signal(signal.SIGINT)
+        demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(10)
+    assert demo.returncode != 0
+    assert not list(tmp_path.glob("orchestration-demo-*"))

@@ -250,9 +250,34 @@ def test_cancel_form_without_the_csrf_value_is_refused(
     token = make_token(stack, owner)
     run = orch.launch(scripted([["running"]]), owner=owner)
     with httpx.Client(base_url=api.url, cookies={"orch_token": token}) as client:
-        forged = client.post(f"/dashboard/runs/{run.id}/cancel", data={"csrf": "guess"})
-        assert forged.status_code == 403
+        for value in ("guess", "é" * 64, "\u2603", ""):
+            forged = client.post(f"/dashboard/runs/{run.id}/cancel", data={"csrf": value})
+            assert forged.status_code == 403, (value, forged.status_code)
         assert orch.get(run.id, owner=owner).status != "cancelled"
-        wrong = client.post("/dashboard/login", data={"token": "orch_nope"})
-        assert wrong.status_code == 401 and "unknown or revoked token" in wrong.text
     orch.cancel(run.id, owner=owner)
+
+
+def test_login_form_needs_its_csrf_value(api: ApiServer, stack: Stack, owner: str) -> None:
+    from tests.e2e.conftest import make_token
+
+    token = make_token(stack, owner)
+    with httpx.Client(base_url=api.url) as client:
+        # A cross-site post carries neither the form's value nor its SameSite=Strict cookie.
+        bare = client.post("/dashboard/login", data={"token": token})
+        assert bare.status_code == 403 and "orch_token" not in bare.cookies
+        form = client.get("/dashboard/login")
+        value = form.cookies["orch_login_csrf"]
+        assert f'name="csrf" value="{value}"' in form.text
+        for forged in ("guess", "é" * 43, ""):
+            refused = client.post("/dashboard/login", data={"token": token, "csrf": forged})
+            assert refused.status_code == 403, (forged, refused.status_code)
+            assert "orch_token" not in refused.cookies
+        wrong = client.post("/dashboard/login", data={"token": "orch_nope", "csrf": value})
+        assert wrong.status_code == 401 and "unknown or revoked token" in wrong.text
+        signed_in = client.post("/dashboard/login", data={"token": token, "csrf": value})
+        assert signed_in.status_code == 303 and signed_in.headers["location"] == "/dashboard"
+        assert signed_in.cookies["orch_token"] == token
+    # The form's value alone, from another client, is not enough either.
+    with httpx.Client(base_url=api.url) as other:
+        replayed = other.post("/dashboard/login", data={"token": token, "csrf": value})
+        assert replayed.status_code == 403

@@ -8,6 +8,7 @@ Fast checks (always run, well under ten seconds):
   ``ORCH_<NAME>`` with its real default, and names no ``ORCH_`` variable the code does not read;
 * every ``orchestration ...`` command shown in ``README.md`` and ``docs/*.md`` is a real command
   of the CLI, with real options;
+* every command block carries a ``doc-test`` marker (``tests/docs`` runs the marked ones);
 * ``examples/flask_app.py`` serves launch, read, cancel and answer with the documented errors
   (skipped when Flask is not installed).
 
@@ -244,7 +245,7 @@ def test_concepts_tables_match_states() -> None:
 
 def render_default(name: str) -> str:
     """A setting's default as ``docs/configuration.md`` writes it."""
-    value = Settings.model_fields[name].default
+    value = Settings.model_fields[name].get_default(call_default_factory=True)
     assert value is not PydanticUndefined, f"setting {name} has no default"
     if value is None:
         return "unset"
@@ -404,6 +405,15 @@ def test_every_top_level_command_is_documented() -> None:
     assert not set(root.commands) - shown, f"undocumented: {sorted(set(root.commands) - shown)}"
 
 
+def test_every_command_block_is_marked_for_the_docs_tests() -> None:
+    """Each command block is run by ``tests/docs`` or says visibly why not (see
+    ``docs/contributing.md``); the markers parse."""
+    from tests.docs.blocks import parse, problems
+
+    found = [problem for path in _doc_files() if path.exists() for problem in problems(parse(path))]
+    assert not found, "\n".join(found)
+
+
 def test_example_regions_are_filled() -> None:
     """Every ``example`` region holds output (an empty one means a generator run was cut)."""
     for path in sorted(DOCS.glob("*.md")):
@@ -443,7 +453,7 @@ def test_flask_example_serves_the_python_api(tmp_path: Path) -> None:
     assert first.status_code == 201, first.json
     run_id = first.json["id"]
     again = client.post("/runs", json=body, headers={**auth, "Idempotency-Key": "k1"})
-    assert (again.status_code, again.json["id"]) == (200, run_id)
+    assert (again.status_code, again.json["id"]) == (201, run_id)
     other = {"workflow": "research", "args": {"topic": "squid"}}
     clash = client.post("/runs", json=other, headers={**auth, "Idempotency-Key": "k1"})
     assert (clash.status_code, clash.json["error"]["code"]) == (409, "idempotency_conflict")
@@ -698,7 +708,7 @@ def _flask(console: Console, folder: Path) -> None:
     tokens = "tok-acme=acme,tok-globex=globex"
     console.keep(
         "flask-serve",
-        f"FLASK_APP_TOKENS={tokens} .venv/bin/flask --app examples/flask_app.py run --port {port}",
+        f"FLASK_APP_TOKENS={tokens} flask --app examples/flask_app.py run --port {port}",
         "bash",
     )
     flask = str(Path(sys.executable).with_name("flask"))

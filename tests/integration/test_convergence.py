@@ -3,20 +3,25 @@ terminal row by the ``deadline_at`` the run stated when the fault happened."""
 
 from __future__ import annotations
 
+import ast
+import itertools
+import re
 import signal
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
+from orchestration.celery_config import SWEEP_TASK
 from orchestration.db import session_scope, utcnow
 from orchestration.dispatch import client_dispatcher
 from orchestration.models import RunEvent
-from orchestration.processes import ManagedProcess, start_worker
+from orchestration.processes import ManagedProcess, celery_argv, start_worker
 from orchestration.records import RunRecord
 from orchestration.service import Orchestrator, is_terminal
 from tests.conftest import wait_for
@@ -26,6 +31,10 @@ pytestmark = pytest.mark.integration
 
 #: Clock skew and scheduling slack allowed between the test process and the stack.
 SLACK = timedelta(seconds=1.5)
+
+#: Runs queued behind a held key in the two-beats test: each costs every sweeper pass a
+#: transaction, which makes a pass last long enough for two beats' passes to overlap.
+QUEUED_LOAD = 60
 
 
 def one_step(states: list[list[Any]], **extra: Any) -> dict[str, Any]:
@@ -139,7 +148,10 @@ def test_graceful_cancel_with_a_dead_worker_is_enforced(
     )
     assert done.status == "cancelled" and done.stop_reason in expected
     assert done.finished_at is not None and done.finished_at <= record.deadline_at + SLACK
-    assert stack.turns(run.id)[0]["cancel_requested_at"] is not None
+    # The sweeper makes no provider call: the stop task cancels the turn after the pass.
+    wait_for(lambda: stack.turns(run.id)[0]["cancel_requested_at"], 20, what="turn cancel")
+    stop = wait_for(lambda: orch.get(run.id, owner=owner).steps[0].turn_stop, 20, what="stop")
+    assert stop["status"] in ("pending", "stopped")
 
 
 def test_graceful_cancel_with_a_live_worker_stops_cooperatively(
@@ -346,21 +358,105 @@ def test_reject_and_interrupt_policies(
     wait_for(lambda: stack.turns(holder.id)[0]["cancel_requested_at"], 10, what="turn cancel")
 
 
+#: A worker's log line for a finished sweeper pass; the pass returns its report, whose ``at``
+#: (its start, on the worker's clock) and ``seconds`` give the pass's span.
+_PASS_LINE = re.compile(
+    rf"Task {re.escape(SWEEP_TASK)}\[(?P<id>[^\]]+)\] succeeded in \S+: (?P<report>\{{.*\}})$",
+    re.MULTILINE,
+)
+#: A beat's DEBUG log line naming the id of a sweep it sent.
+_SENT_LINE = re.compile(rf"{re.escape(SWEEP_TASK)} sent\. id->(?P<id>\S+)")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One sweeper pass, by the beat that sent it."""
+
+    beat: str
+    start: float
+    end: float
+    parks_expired: int
+
+
+def sweeper_passes(worker_log: str, beats: dict[str, ManagedProcess]) -> list[Pass]:
+    """The passes the worker ran for ``beats``: each message's id is matched to the beat
+    that logged sending it."""
+    sent_by = {
+        match["id"]: name
+        for name, beat in beats.items()
+        for match in _SENT_LINE.finditer(beat.log())
+    }
+    passes = []
+    for match in _PASS_LINE.finditer(worker_log):
+        if match["id"] in sent_by:
+            report = ast.literal_eval(match["report"])
+            start = datetime.fromisoformat(report["at"]).timestamp()
+            passes.append(
+                Pass(
+                    sent_by[match["id"]], start, start + report["seconds"], report["parks_expired"]
+                )
+            )
+    return passes
+
+
+def overlapping(passes: list[Pass]) -> list[tuple[Pass, Pass]]:
+    """Pairs of passes by different beats where each started before the other ended."""
+    return [
+        (a, b)
+        for a, b in itertools.combinations(passes, 2)
+        if a.beat != b.beat and a.start < b.end and b.start < a.end
+    ]
+
+
 def test_two_beats_close_each_run_once(
-    stack: Stack, worker: ManagedProcess, beat: ManagedProcess, orch: Orchestrator, owner: str
+    stack: Stack, worker: ManagedProcess, orch: Orchestrator, owner: str
 ) -> None:
-    second = stack.start_beat()
+    # The module's own beat is paused: the passes are those of two beats started together
+    # (so in step) and logging at DEBUG the id of every sweep they send. A pass is fast, so
+    # runs queued behind a held key (a write each, every pass) make it long enough that the
+    # two beats' passes overlap whatever their phase; the test proves that they did.
+    beats: dict[str, ManagedProcess] = {}
+    holder = orch.launch(one_step([["running"]]), owner=owner, concurrency_key="load")
+    load = [
+        orch.launch(
+            one_step([["completed"]]), owner=owner, concurrency_key="load", on_conflict="enqueue"
+        )
+        for _ in range(QUEUED_LOAD)
+    ]
     try:
-        runs = [
-            orch.launch(one_step([["running", 0.2], ["input_required"]]), owner=owner)
-            for _ in range(4)
-        ]
-        for run in runs:
-            assert terminal(orch, run.id, owner).stop_reason == "park_expired"
-        wait_for(lambda: "Sending due task" in second.log(), 10, what="second beat active")
+        with sweeper_paused(stack):
+            for name in ("beat-a", "beat-b"):
+                beats[name] = ManagedProcess(
+                    celery_argv("beat", "-l", "DEBUG", "-s", str(stack.folder / f"{name}-s")),
+                    stack.env,
+                    stack.folder / f"{name}.log",
+                )
+            for beat in beats.values():
+                beat.wait_for_log("beat: Starting", timeout=30)
+            runs = [
+                orch.launch(one_step([["running", 0.2], ["input_required"]]), owner=owner)
+                for _ in range(4)
+            ]
+            for run in runs:
+                assert terminal(orch, run.id, owner).stop_reason == "park_expired"
+            # A pass that closed parks overlapped a pass of the other beat: both raced to close
+            # the same runs. Not a vacuous pass: if none did in ~15 s (some 30 passes per
+            # beat), the test fails.
+            closing = wait_for(
+                lambda: [
+                    pair
+                    for pair in overlapping(sweeper_passes(worker.log(), beats))
+                    if pair[0].parks_expired or pair[1].parks_expired
+                ],
+                15,
+                what="a pass closing parks that overlapped a pass of the other beat",
+            )
+            print(f"overlapping passes: {closing[:3]}")
     finally:
-        stack.processes.remove(second)
-        second.stop()
+        for beat in beats.values():
+            beat.stop()
+        for run in [*load, holder]:
+            orch.cancel(run.id, owner=owner)
     for run in runs:
         counts = Counter((e.step_id, e.to_status) for e in journal(stack, run.id))
         assert all(n == 1 for n in counts.values()), counts

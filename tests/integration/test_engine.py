@@ -15,6 +15,7 @@ from orchestration.dispatch import DuplicatingDispatcher, client_dispatcher
 from orchestration.errors import IdempotencyConflict, RunNotFound, ValidationError
 from orchestration.models import Run, RunEvent, Step
 from orchestration.processes import ManagedProcess, start_worker
+from orchestration.providers.scripted import STARTED, ScriptedProvider
 from orchestration.service import Orchestrator
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
@@ -100,9 +101,34 @@ def test_failed_turn_fails_step_and_run(
     assert done.steps[0].status == "failed"
 
 
-def _no_turn_starts_after(stack: Stack, run_id: str, turns_at_cancel: int) -> None:
+def _start_calls(stack: Stack, run_id: str) -> list[dict[str, Any]]:
+    """Every ``start`` call the scripted provider saw for ``run_id``: a repeated start of a
+    key, or one after a cancel, begins no new turn row, but it is a call all the same."""
+    return ScriptedProvider(stack.settings).start_calls(run_id + ":")
+
+
+def _no_turn_starts_after(stack: Stack, run_id: str, started_before: int) -> None:
+    """No ``start`` call came after the run's cancel request, and the ``started_before`` calls
+    before it each began a turn. The cancel's moment is its ``cancelling`` journal row: the
+    canceller's clock read before it took the run row's lock, so earlier than its commit; a
+    start between the two would be one the cancel waited for, and these tests have none (the
+    only turn started seconds before the cancel)."""
     time.sleep(1.0)  # long enough for a stray countdown message (poll interval 0.1-0.5 s)
-    assert len(stack.turns(run_id)) == turns_at_cancel
+    with session_scope(stack.settings.database_url) as session:
+        cancelled_at = session.scalars(
+            select(RunEvent.at)
+            .where(
+                RunEvent.run_id == run_id,
+                RunEvent.step_id.is_(None),
+                RunEvent.to_status == "cancelling",
+            )
+            .order_by(RunEvent.id)
+        ).first()
+    assert cancelled_at is not None, "the run was never cancelling"
+    calls = _start_calls(stack, run_id)
+    late = [call for call in calls if call["called_at"] >= cancelled_at]
+    assert late == [], f"start calls after the cancel at {cancelled_at}: {late}"
+    assert [call["outcome"] for call in calls] == [STARTED] * started_before, calls
 
 
 def test_cancel_during_countdown_wait(
@@ -168,7 +194,7 @@ def test_cancel_before_the_first_step_starts(
         wait_for(lambda: f"{task_id}] ignored" in late.log(), 20, what="late worker ignored it")
     finally:
         late.stop()
-    assert stack.turns(run.id) == []
+    assert _start_calls(stack, run.id) == []
     assert orch.get(run.id, owner=owner).status == "cancelled"
 
 
@@ -182,9 +208,12 @@ def test_duplicate_delivery_starts_one_turn(
     )
     done = finished(orch, run.id, owner)
     assert done.status == "completed"
-    turns = stack.turns(run.id)
-    assert len(turns) == 2  # one per step
-    assert all(turn["start_calls"] == 1 for turn in turns), turns
+    assert len(stack.turns(run.id)) == 2  # one per step
+    calls = _start_calls(stack, run.id)
+    assert [(c["key"], c["outcome"]) for c in calls] == [  # one call per step: the fence held
+        (f"{run.id}:a:1", STARTED),
+        (f"{run.id}:b:1", STARTED),
+    ], calls
     with session_scope(stack.settings.database_url) as session:
         completions = session.scalar(
             select(func.count())

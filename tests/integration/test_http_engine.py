@@ -24,7 +24,8 @@ pytestmark = pytest.mark.integration
 
 #: The bearer token; only the worker's environment holds it, under ``TOKEN_ENV``.
 SECRET = "s3cret-engine-token-7c21"
-TOKEN_ENV = "ORCH_TEST_AGENT_TOKEN"
+TOKEN_ENV = "TEST_AGENT_TOKEN"
+STACK_SETTINGS = {"ORCH_PROVIDER_SECRETS": '{"TEST_AGENT_TOKEN": ["127.0.0.1"]}'}
 STATUS_MAP = {
     "queued": "pending",
     "working": "running",

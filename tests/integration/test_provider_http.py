@@ -35,9 +35,13 @@ def service() -> Iterator[AgentService]:
     running.stop()
 
 
+#: The service's token may go to the loopback service only.
+SETTINGS = Settings(provider_timeout=5, provider_secrets={"AGENT_TOKEN": ["127.0.0.1"]})
+
+
 @pytest.fixture
 def provider() -> HttpProvider:
-    return HttpProvider(Settings(provider_timeout=5))
+    return HttpProvider(SETTINGS)
 
 
 def options_for(service: AgentService, **extra: Any) -> dict[str, Any]:
@@ -86,6 +90,8 @@ def test_registered_and_validates(service: AgentService) -> None:
         ({"headers": {"Authorization": {"value": SECRET}}}, "headers.Authorization"),
         ({"run_id_path": ""}, "run_id_path"),
         ({"shape": 1}, "shape"),
+        ({"start": {"url": "http://10.1.2.3/runs"}}, "start.url"),
+        ({"headers": {"Authorization": {"env": "AGENT_TOKEN"}}}, "headers.Authorization.env"),
     ]
     for extra, field in cases:
         with pytest.raises(ValidationError) as caught:
@@ -155,7 +161,10 @@ def test_cancel_stops_the_turn_and_is_idempotent(
     assert provider.status(ref) == TurnStatus(ProviderStatus.CANCELLED, raw="stopped")
     provider.cancel(ref)
     provider.cancel(TurnRef("k:s:1", "turn-unknown", options))
-    provider.cancel(TurnRef("k:s:1", None, options))
+    # A start that timed out after sending: its run id is unknown, and this service's cancel
+    # needs one; the engine records that the turn cannot be addressed.
+    with pytest.raises(PermanentProviderError, match="cannot be addressed"):
+        provider.cancel(TurnRef("k:s:1", None, options))
 
 
 def test_hanging_service_is_an_outage_within_the_bound(service: AgentService) -> None:
@@ -194,6 +203,9 @@ def test_secret_header_comes_from_env_and_never_shows(
     options = options_for(service, headers=auth)
     provider.validate(options)
     assert SECRET not in repr(options)
+    with pytest.raises(ValidationError, match="not declared in ORCH_PROVIDER_SECRETS") as bare:
+        HttpProvider(Settings()).validate(options)
+    assert bare.value.field == "headers.Authorization.env"
 
     monkeypatch.delenv("AGENT_TOKEN", raising=False)
     with pytest.raises(PermanentProviderError, match="AGENT_TOKEN") as missing:

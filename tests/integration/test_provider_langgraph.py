@@ -44,7 +44,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LangGraphServer
 
 @pytest.fixture(scope="module")
 def provider() -> LangGraphProvider:
-    return LangGraphProvider(Settings(provider_timeout=5))
+    # The API key may go to the loopback dev server only.
+    settings = Settings(provider_timeout=5, provider_secrets={"TEAM_LANGGRAPH_KEY": ["127.0.0.1"]})
+    return LangGraphProvider(settings)
 
 
 def options(server: LangGraphServer, graph: str, **extra: Any) -> dict[str, Any]:
@@ -96,6 +98,8 @@ def test_registered_and_validates(server: LangGraphServer) -> None:
         (options(server, "answer", input="text"), "input"),
         (options(server, "answer", config=[1]), "config"),
         (options(server, "answer", api_key="literal"), "api_key"),
+        (options(server, "answer", api_key_env="TEAM_LANGGRAPH_KEY"), "api_key_env"),
+        ({"url": "http://10.1.2.3:2024", "assistant_id": "answer"}, "url"),
     ]
     for opts, field in cases:
         with pytest.raises(ValidationError) as caught:

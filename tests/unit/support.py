@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from sqlalchemy import func, select, update
@@ -20,6 +21,7 @@ from orchestration.db import session_scope
 from orchestration.dispatch import ChainPlan
 from orchestration.models import Run, RunEvent, Step
 from orchestration.settings import Settings
+from orchestration.stepper import Outcome, Poll, Stepper
 
 #: Property tests: modest example counts, no per-example deadline (SQLite I/O varies), and the
 #: database fixture shared by the examples of one test (each example builds its own rows).
@@ -241,12 +243,16 @@ class RecordingDispatcher:
 
     chains: list[ChainPlan] = field(default_factory=list)
     revoked: list[tuple[list[str], bool]] = field(default_factory=list)
+    stops: list[tuple[str, int]] = field(default_factory=list)
 
     def send_chain(self, plan: ChainPlan) -> None:
         self.chains.append(plan)
 
     def revoke(self, task_ids: list[str], *, terminate: bool) -> None:
         self.revoked.append((list(task_ids), terminate))
+
+    def stop_turns(self, turns: list[tuple[str, int]]) -> None:
+        self.stops.extend(turns)
 
 
 @dataclass
@@ -261,3 +267,17 @@ class Clock:
     def advance(self, seconds: float) -> datetime:
         self.now += timedelta(seconds=seconds)
         return self.now
+
+
+def drive(
+    stepper: Stepper, run_id: str, index: int = 0, tick: int = 0, *, limit: int = 20
+) -> list[Outcome]:
+    """Play the task body: feed each Poll's tick back until the step proceeds or halts."""
+    outcomes: list[Outcome] = []
+    for _ in range(limit):
+        outcome = stepper.advance(run_id, index, tick)
+        outcomes.append(outcome)
+        if not isinstance(outcome, Poll):
+            return outcomes
+        tick = outcome.tick
+    pytest.fail(f"step {index} still polling after {limit} executions: {outcomes}")

@@ -15,7 +15,14 @@ from orchestration import providers
 from orchestration.db import session_scope, utcnow
 from orchestration.errors import RetryableProviderError, ValidationError
 from orchestration.providers.base import Provider, ProviderStatus, TurnRef, TurnRequest
-from orchestration.providers.scripted import TURNS, ScriptedProvider, store_url
+from orchestration.providers.scripted import (
+    EXISTING,
+    STARTED,
+    TOMBSTONE,
+    TURNS,
+    ScriptedProvider,
+    store_url,
+)
 from orchestration.settings import Settings
 from tests.conftest import wait_for
 from tests.unit.support import make_settings
@@ -75,6 +82,24 @@ def test_start_is_idempotent_per_key(provider: ScriptedProvider) -> None:
     other = provider.start(_request("run:a:2"))
     assert other != first
     assert len(provider.turns("run:")) == 2
+
+
+def test_every_start_call_is_journaled_with_what_it_did(provider: ScriptedProvider) -> None:
+    # A second start of the same key begins no second turn, so the turn row cannot show it;
+    # the journal must, with the call's own time.
+    before = utcnow()
+    provider.start(_request())
+    provider.start(_request())
+    provider.start(_request("run:b:1"))
+    calls = provider.start_calls("run:a:")
+    assert [(c["key"], c["outcome"]) for c in calls] == [
+        ("run:a:1", STARTED),
+        ("run:a:1", EXISTING),
+    ]
+    assert before <= calls[0]["called_at"] <= calls[1]["called_at"] <= utcnow()
+    [turn] = provider.turns("run:a:")
+    assert turn["started_at"] == calls[0]["called_at"]  # the call that began the turn
+    assert [c["key"] for c in provider.start_calls("run:")] == ["run:a:1", "run:a:1", "run:b:1"]
 
 
 def test_turns_filters_by_a_literal_prefix(provider: ScriptedProvider) -> None:
@@ -209,6 +234,28 @@ def test_a_cancel_before_the_start_tombstones_the_key(provider: ScriptedProvider
     assert turn["started_at"] is None, "a tombstoned key must not begin a turn"
     assert turn["start_calls"] == 1
     assert provider.status(_ref(request)).status is ProviderStatus.CANCELLED
+    [call] = provider.start_calls("run:")
+    assert (call["key"], call["outcome"]) == (request.key, TOMBSTONE)
+    assert call["called_at"] > turn["cancel_requested_at"]
+
+
+def test_a_start_after_the_cancel_of_a_started_turn_is_journaled(
+    provider: ScriptedProvider,
+) -> None:
+    request = _request(states=[["running"]])
+    provider.start(request)
+    provider.cancel(_ref(request))
+    provider.start(request)
+    [turn] = provider.turns("run:")
+    first, late = provider.start_calls("run:")
+    assert (first["outcome"], late["outcome"]) == (STARTED, EXISTING)
+    assert first["called_at"] < turn["cancel_requested_at"] < late["called_at"]
+
+
+def test_start_calls_filters_by_a_literal_prefix(provider: ScriptedProvider) -> None:
+    provider.start(_request("r_1:a:1"))
+    provider.start(_request("rx1:a:1"))
+    assert [call["key"] for call in provider.start_calls("r_1:")] == ["r_1:a:1"]
 
 
 @pytest.mark.parametrize(

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
+from celery import Celery
+from celery.utils.imports import symbol_by_name
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError as PydanticValidationError
 
+from orchestration.celery_config import FolderCreatingScheduler, NoResultBackend, configure
+from orchestration.db import get_engine, upgrade
 from orchestration.errors import ConfigurationError
 from orchestration.settings import MARGIN_SECONDS, Settings, load_settings
 from orchestration.states import ParkReason
@@ -175,3 +180,126 @@ def test_postgres_connections_abort_transactions_left_idle_past_the_heartbeat() 
     own = "postgresql://u@db/orch?options=-c%20statement_timeout%3D5000"
     assert Settings(database_url=own).database_url == own
     assert Settings(database_url="sqlite:///x.db").database_url == "sqlite:///x.db"
+
+
+# -- every setting validated at load (issue 15) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "loaded"),
+    [
+        ("ORCH_REVOKE_SIGNAL", "term", "SIGTERM"),
+        ("ORCH_REVOKE_SIGNAL", " sigkill ", "SIGKILL"),
+        ("ORCH_WEBHOOK_URL", "", None),
+        ("ORCH_WEBHOOK_URL", "https://hooks.example.com/x?a=1", "https://hooks.example.com/x?a=1"),
+        (
+            "ORCH_BROKER_URL",
+            "amqp://guest@127.0.0.1//;amqp://b//",
+            "amqp://guest@127.0.0.1//;amqp://b//",
+        ),
+        ("ORCH_BROKER_URL", "sentinel://127.0.0.1:26379", "sentinel://127.0.0.1:26379"),
+        ("ORCH_QUEUE", "orchestration.eu-1:steps", "orchestration.eu-1:steps"),
+        ("ORCH_SCRIPTED_URL", "", None),
+        ("ORCH_DATABASE_URL", "postgres://u@db/orch?options=x", "postgres://u@db/orch?options=x"),
+    ],
+)
+def test_the_accepted_forms_load(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, loaded: object
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert getattr(load_settings(), name[5:].lower()) == loaded
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("ORCH_REVOKE_SIGNAL", "SIGFOO", "e.g. SIGKILL or SIGTERM"),
+        ("ORCH_REVOKE_SIGNAL", "SIGSTOP", "ends a process"),
+        ("ORCH_WEBHOOK_URL", "not-a-url", "http:// or https://"),
+        ("ORCH_QUEUE", "", "queue name"),
+        ("ORCH_QUEUE", "amq.steps", "RabbitMQ reserves"),
+        ("ORCH_PROVIDER_TIMEOUT", "nan", "expected a number of seconds > 0"),
+        ("ORCH_PARK_BUDGET_HUMAN", "1e300", "ten years"),
+        ("ORCH_MAX_REARMS", "1.5", "expected a whole number >= 0"),
+        ("ORCH_DATABASE_URL", "notaurl", "expected sqlite:///PATH or postgresql://"),
+        ("ORCH_DATABASE_URL", "mysql://u@h/d", "'mysql' is not a supported database"),
+        ("ORCH_DATABASE_URL", "postgresql+asyncpg://u@h/d", "asyncio driver"),
+        ("ORCH_BROKER_URL", "http://127.0.0.1:6379/0", "unknown broker transport 'http'"),
+        ("ORCH_BROKER_URL", "127.0.0.1:6379", "expected TRANSPORT://"),
+        ("ORCH_SECURITY_KEY", "/nonexistent/key.pem", "readable PEM file"),
+        ("ORCH_SECURITY_CERT_STORE", "/nonexistent/certs", "folder of certificates"),
+        ("ORCH_PROVIDER_SECRETS", "{oops", "is not valid JSON"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_variable_and_the_form(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, says: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert f"{name}:" in message and says in message
+    assert "\n" not in message
+
+
+def test_a_database_url_error_does_not_echo_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_DATABASE_URL", "mysql://user:s3cret@db/orch")
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert "s3cret" not in str(caught.value)
+
+
+def test_a_missing_postgres_driver_names_the_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ``None`` in sys.modules makes ``import psycopg`` fail as if it were not installed.
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.setenv("ORCH_DATABASE_URL", "postgresql://u@127.0.0.1/orch")
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert "ORCH_DATABASE_URL" in str(caught.value)
+    assert "pip install 'psycopg[binary]'" in str(caught.value)
+
+
+def test_the_engine_refuses_a_missing_driver_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(ConfigurationError, match=r"pip install 'psycopg\[binary\]'"):
+        get_engine("postgresql://u@127.0.0.1/missing-driver-test")
+
+
+def test_the_engine_creates_a_sqlite_folder(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a' / 'b' / 'x.db'}"
+    Settings(database_url=url)  # a missing folder that can be created is fine at load
+    upgrade(url)
+    assert (tmp_path / "a" / "b" / "x.db").is_file()
+    get_engine(url).dispose()
+
+
+def test_a_sqlite_folder_that_cannot_be_created_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigurationError, match="cannot create the folder"):
+        get_engine(f"sqlite:///{blocker / 'sub' / 'x.db'}")
+
+
+def test_no_result_backend_knows_no_task_and_keeps_nothing() -> None:
+    # Celery's revoke handler asks every revoked task's state (celery.worker.control._revoke);
+    # the disabled backend raised there, and each cancel logged a warning.
+    app = configure(Celery("t", set_as_current=False), Settings())
+    assert isinstance(app.backend, NoResultBackend)
+    assert app.backend.get_state("some-task") == "PENDING"
+    app.backend.mark_as_revoked("some-task", reason="revoked", store_result=True)
+    with pytest.raises(NotImplementedError):
+        app.backend.get_task_meta_for("some-task")
+
+
+def test_beat_creates_the_folder_of_its_schedule_file(tmp_path: Path) -> None:
+    app = configure(Celery("t", set_as_current=False), Settings(broker_url="memory://"))
+    schedule = tmp_path / "missing" / "beat-schedule"
+    scheduler = symbol_by_name(app.conf.beat_scheduler)(
+        app=app, schedule_filename=str(schedule), lazy=True
+    )
+    assert isinstance(scheduler, FolderCreatingScheduler)
+    scheduler.setup_schedule()
+    scheduler.close()
+    assert schedule.parent.is_dir()

@@ -24,6 +24,7 @@ from orchestration.stepper import Halt, Outcome, Poll, Proceed, Stepper
 from tests.unit.support import (
     Clock,
     RecordingDispatcher,
+    drive,
     events_of,
     launch,
     run_row,
@@ -62,20 +63,6 @@ def _age_turns(settings: Settings, seconds: float) -> None:
 
 def _turns(settings: Settings, run_id: str) -> list[dict[str, Any]]:
     return ScriptedProvider(settings).turns(f"{run_id}:")
-
-
-def _drive(
-    stepper: Stepper, run_id: str, index: int, tick: int, *, limit: int = 20
-) -> list[Outcome]:
-    """Play the task body: feed each Poll's tick back until the step proceeds or halts."""
-    outcomes: list[Outcome] = []
-    for _ in range(limit):
-        outcome = stepper.advance(run_id, index, tick)
-        outcomes.append(outcome)
-        if not isinstance(outcome, Poll):
-            return outcomes
-        tick = outcome.tick
-    pytest.fail(f"step {index} still polling after {limit} executions: {outcomes}")
 
 
 # -- fencing and halting -------------------------------------------------------------------
@@ -180,7 +167,7 @@ def test_start_polls_effects_and_completes_a_two_step_run(settings: Settings, cl
     _age_turns(settings, LONG + 1)
     assert stepper.advance(run_id, 0, polled.tick) == Proceed()
 
-    assert _drive(stepper, run_id, 1, 0) == [Poll(0.1, 1), Proceed()]
+    assert drive(stepper, run_id, 1, 0) == [Poll(0.1, 1), Proceed()]
 
     run = run_row(settings, run_id)
     assert (run.status, run.stop_reason, run.result) == ("completed", "completed", "summary")
@@ -253,7 +240,7 @@ def test_a_failed_turn_fails_the_run_and_skips_the_rest(settings: Settings, cloc
         step_spec("b"),
     )
     run_id = launch(settings, definition, now=clock())
-    assert _drive(_stepper(settings, clock), run_id, 0, 0) == [Poll(0.1, 1), Halt("turn failed")]
+    assert drive(_stepper(settings, clock), run_id, 0, 0) == [Poll(0.1, 1), Halt("turn failed")]
     run = run_row(settings, run_id)
     assert (run.status, run.stop_reason) == ("failed", "step_failed")
     assert run.error is not None and "model refused" in run.error
@@ -269,7 +256,7 @@ def test_an_output_that_cannot_fill_a_later_task_fails_that_step(
     )
     run_id = launch(settings, definition, now=clock())
     stepper = _stepper(settings, clock)
-    assert _drive(stepper, run_id, 0, 0)[-1] == Proceed()
+    assert drive(stepper, run_id, 0, 0)[-1] == Proceed()
     assert stepper.advance(run_id, 1, 0) == Halt("task could not be rendered")
     run = run_row(settings, run_id)
     assert (run.status, run.stop_reason) == ("failed", "step_failed")
@@ -283,7 +270,7 @@ def test_an_output_over_the_limit_fails_the_run(
     settings = settings_factory(max_output_bytes=64)
     definition = workflow(step_spec(with_={"states": [["completed"]], "output": "x" * 100}))
     run_id = launch(settings, definition, now=clock())
-    assert _drive(_stepper(settings, clock), run_id, 0, 0)[-1] == Halt("output too large")
+    assert drive(_stepper(settings, clock), run_id, 0, 0)[-1] == Halt("output too large")
     run = run_row(settings, run_id)
     assert run.status == "failed" and run.error is not None
     assert "ORCH_MAX_OUTPUT_BYTES" in run.error
@@ -331,7 +318,7 @@ def test_input_required_parks_for_a_human_and_halts(settings: Settings, clock: C
     )
     run_id = launch(settings, definition, now=clock())
     stepper = _stepper(settings, clock)
-    assert _drive(stepper, run_id, 0, 0) == [Poll(0.1, 1), Halt("parked for a human answer")]
+    assert drive(stepper, run_id, 0, 0) == [Poll(0.1, 1), Halt("parked for a human answer")]
     run = run_row(settings, run_id)
     assert (run.status, run.park_reason, run.parked_since) == ("parked", "human", clock())
     assert run.deadline_at == clock() + timedelta(
@@ -350,7 +337,7 @@ def test_an_answer_resumes_the_human_park_with_a_new_attempt(
     definition = workflow(step_spec(with_={"states": [["input_required"]]}))
     run_id = launch(settings, definition, now=clock())
     stepper = _stepper(settings, clock)
-    _drive(stepper, run_id, 0, 0)
+    drive(stepper, run_id, 0, 0)
     dispatcher = RecordingDispatcher()
     orchestrator = Orchestrator(settings, dispatcher, clock=clock)
     clock.advance(5)
@@ -358,7 +345,7 @@ def test_an_answer_resumes_the_human_park_with_a_new_attempt(
     [plan] = dispatcher.chains
     [step] = steps_of(settings, run_id)
     assert (step.attempt, step.status, plan.links[0].tick) == (2, "running", step.polls)
-    assert _drive(stepper, run_id, 0, plan.links[0].tick)[-1] == Proceed()
+    assert drive(stepper, run_id, 0, plan.links[0].tick)[-1] == Proceed()
     run = run_row(settings, run_id)
     assert (run.status, run.result) == ("completed", {"pick": 2})  # resume_output: the answer
     assert [turn["key"] for turn in _turns(settings, run_id)] == [

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from orchestration import cancellation, claims, deadlines
+from orchestration import cancellation, claims, deadlines, turns
 from orchestration.closing import close_run
 from orchestration.db import session_scope
 from orchestration.models import Run, SweeperBeat
@@ -136,8 +136,7 @@ def test_rearms_are_bounded_then_the_run_is_interrupted(
     assert (run.status, run.stop_reason, run.finished_at) == ("interrupted", "heartbeat_lost", now)
     assert [step.status for step in steps_of(settings, run_id)] == ["cancelled"]
     assert dispatcher.revoked == [(run.task_ids, True)]
-    [turn] = ScriptedProvider(settings).turns(f"{run_id}:")
-    assert turn["cancel_requested_at"] is not None
+    _stop_was_handed_off(settings, dispatcher, run_id, now)
     assert len(dispatcher.chains) == settings.max_rearms, "no re-arm after the last one"
     assert sweeper.sweep(_dead(settings, now))["live"] == 0
 
@@ -218,8 +217,7 @@ def test_an_unhonoured_cancel_is_enforced_after_the_grace_and_a_dead_heartbeat(
     assert (run.status, run.stop_reason) == ("cancelled", "cancel_enforced")
     assert [step.status for step in steps_of(settings, run_id)] == ["cancelled"]
     assert dispatcher.revoked == [(run.task_ids, True)]
-    [turn] = ScriptedProvider(settings).turns(f"{run_id}:")
-    assert turn["cancel_requested_at"] is not None
+    _stop_was_handed_off(settings, dispatcher, run_id, now)
 
 
 def test_a_cancelling_run_is_never_rearmed(
@@ -362,3 +360,14 @@ def test_a_run_in_effects_past_its_step_timeout_states_a_deadline_ahead_of_its_h
     report = Sweeper(settings, dispatcher).sweep(run.heartbeat_at + s(1))
     assert _did(report) == {}
     assert run_row(settings, run_id).status == RunStatus.WAITING.value
+
+
+def _stop_was_handed_off(settings: Settings, dispatcher: Any, run_id: str, now: datetime) -> None:
+    """The pass made no provider call: the turn's stop is pending and sent to the stop task,
+    which then cancels it."""
+    assert dispatcher.stops == [(run_id, 0)]
+    [turn] = ScriptedProvider(settings).turns(f"{run_id}:")
+    assert turn["cancel_requested_at"] is None
+    assert turns.attempt(settings, run_id, 0, now) is None
+    [turn] = ScriptedProvider(settings).turns(f"{run_id}:")
+    assert turn["cancel_requested_at"] is not None

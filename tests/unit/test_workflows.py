@@ -669,3 +669,51 @@ def test_a_non_finite_number_in_a_task_is_refused(settings: Settings) -> None:
 def test_a_trailing_newline_is_not_a_printable_name(value: str) -> None:
     with pytest.raises(ValidationError):
         launching.check_name("owner", value)
+
+
+# -- default poll intervals follow ORCH_MAX_POLL_INTERVAL_LIMIT (issue 10) ------------------
+
+
+def _bare_step(**fields: Any) -> dict[str, Any]:
+    return {"name": "w", "steps": [{"id": "a", "provider": "scripted", **fields}]}
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"),
+    [(30.0, (1.0, 10.0)), (10.0, (1.0, 10.0)), (5.0, (1.0, 5.0)), (0.5, (0.5, 0.5))],
+)
+def test_unset_intervals_follow_a_lowered_limit(
+    settings: Settings, limit: float, expected: tuple[float, float]
+) -> None:
+    spec = workflows.parse(
+        _bare_step(), settings.model_copy(update={"max_poll_interval_limit": limit})
+    )
+    step = spec.steps[0]
+    assert (step.poll_interval, step.max_poll_interval) == expected
+    stored = spec.as_dict()["steps"][0]
+    assert (stored["poll_interval"], stored["max_poll_interval"]) == expected
+
+
+def test_an_unset_ceiling_is_at_least_the_poll_interval_set(settings: Settings) -> None:
+    spec = workflows.parse(
+        _bare_step(poll_interval=12), settings.model_copy(update={"max_poll_interval_limit": 30.0})
+    )
+    assert spec.steps[0].max_poll_interval == 12.0
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"max_poll_interval": 6}, "steps[0].max_poll_interval"),
+        ({"poll_interval": 6}, "steps[0].poll_interval"),
+    ],
+)
+def test_an_interval_set_over_the_limit_is_still_refused(
+    settings: Settings, fields: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(LimitExceeded) as caught:
+        workflows.parse(
+            _bare_step(**fields), settings.model_copy(update={"max_poll_interval_limit": 5.0})
+        )
+    assert caught.value.field == field
+    assert "ORCH_MAX_POLL_INTERVAL_LIMIT" in str(caught.value)

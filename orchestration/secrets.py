@@ -1,0 +1,162 @@
+"""Secrets bound to hosts, and their redaction from anything a provider sends back.
+
+A workflow names a secret (an http header ``{secret: NAME}``, langgraph's ``api_key_env``);
+its value is the worker's environment variable ``NAME``. Workflows are written by tenants,
+so a name is usable only when the operator declared it in ``ORCH_PROVIDER_SECRETS`` with the
+hosts it may travel to (allow-list entries, see :mod:`orchestration.egress`): otherwise a
+workflow could send ``AWS_SECRET_ACCESS_KEY`` to a server of its own. ``ORCH_`` names are
+configuration, never secrets.
+
+Services echo what they got; :func:`redact` and :func:`redact_json` take every declared
+secret that is set out of a string or JSON value before it is stored or shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, quote_plus
+
+from orchestration.egress import AllowList, entry_for, host_port
+from orchestration.errors import PermanentProviderError, ValidationError
+
+if TYPE_CHECKING:
+    from orchestration.settings import Settings
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MASK = "***"
+
+
+def decode_declared(value: Any) -> Any:
+    """``ORCH_PROVIDER_SECRETS`` given as text (settings built from a process's environment)
+    decoded as JSON; other values are left for type validation."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value) if value.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f'is not valid JSON ({exc}); expected {{"NAME": ["host:port", ...]}}'
+        ) from None
+
+
+class Declared(dict[str, list[str]]):
+    """``ORCH_PROVIDER_SECRETS`` as loaded: a dict that hashes by content, so the frozen
+    settings holding it stay hashable (they key caches, e.g. the Celery client app)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted((name, tuple(hosts)) for name, hosts in self.items())))
+
+
+def declared(value: Mapping[str, list[str]]) -> Declared:
+    """A checked ``ORCH_PROVIDER_SECRETS``; ``ValueError`` names what is wrong."""
+    check_declared(value)
+    return Declared({name: list(hosts) for name, hosts in value.items()})
+
+
+def check_declared(declared: Mapping[str, list[str]]) -> None:
+    """Refuse a bad ``ORCH_PROVIDER_SECRETS`` (``ValueError``, for the settings validator)."""
+    for name, hosts in declared.items():
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not an environment variable name")
+        if name.upper().startswith("ORCH_"):
+            raise ValueError(f"{name}: ORCH_ variables are configuration, not secrets")
+        if not hosts:
+            raise ValueError(f"{name}: list the hosts it may be sent to")
+        try:
+            AllowList.of(hosts)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+
+
+def _where(url: str) -> str:
+    found = host_port(url)
+    if found is None:
+        return url
+    return entry_for(*found)
+
+
+def binding_problem(name: str, url: str, settings: Settings) -> str | None:
+    """Why secret ``name`` may not be sent to ``url``, or ``None`` when it may.
+
+    Bound by name or IP literal only (no lookup): the connect-time check of
+    ``ORCH_PROVIDER_HOSTS`` decides where the name may then lead.
+    """
+    where = _where(url)
+    if name.upper().startswith("ORCH_"):
+        return f"{name} is configuration, not a secret; name a secret in ORCH_PROVIDER_SECRETS"
+    hosts = settings.provider_secrets.get(name)
+    if hosts is None:
+        example = json.dumps({name: [where]})
+        return (
+            f"{name} is not declared in ORCH_PROVIDER_SECRETS; the operator declares it with "
+            f"the hosts it may be sent to, e.g. ORCH_PROVIDER_SECRETS='{example}'"
+        )
+    if AllowList.of(hosts).permits_url(url):
+        return None
+    return (
+        f"{name} may be sent only to {', '.join(hosts)}, not to {where}; add {where} to its "
+        "hosts in ORCH_PROVIDER_SECRETS, or name another secret"
+    )
+
+
+def check_bound(name: str, urls: Mapping[str, str], field: str, settings: Settings) -> None:
+    """Launch check: ``name`` is declared and bound to every URL it would travel to (the
+    mapping is URL field -> URL); ``ValidationError`` on ``field`` otherwise."""
+    for url_field, url in urls.items():
+        problem = binding_problem(name, url, settings)
+        if problem is not None:
+            raise ValidationError(field, f"used for {url_field}: {problem}")
+
+
+def secret_value(name: str, url: str, settings: Settings, what: str) -> str:
+    """The secret to send to ``url``, checked again at call time (the operator may have
+    changed the declaration since the launch). ``PermanentProviderError`` if unusable."""
+    problem = binding_problem(name, url, settings)
+    if problem is not None:
+        raise PermanentProviderError(f"{what}: {problem}")
+    value = os.environ.get(name)
+    if not value:
+        raise PermanentProviderError(
+            f"{what}: the secret {name} is not set in this process's environment"
+        )
+    return value
+
+
+def _forms(value: str) -> set[str]:
+    """How a value shows up in an echo: as sent, JSON-escaped, or URL-encoded."""
+    return {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        quote(value, safe=""),
+        quote_plus(value, safe=""),
+    }
+
+
+def redact(text: str, settings: Settings) -> str:
+    """``text`` with every declared secret that is set replaced by ``***`` (a ``prefix``
+    stays: ``Bearer s3cret`` becomes ``Bearer ***``). Longest forms go first, so a secret
+    that contains another is masked whole."""
+    forms: set[str] = set()
+    for name in settings.provider_secrets:
+        value = os.environ.get(name)
+        if value:
+            forms |= _forms(value)
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, MASK)
+    return text
+
+
+def redact_json(value: Any, settings: Settings) -> Any:
+    """``value`` (JSON) with :func:`redact` applied to every string in it, keys included."""
+    if isinstance(value, str):
+        return redact(value, settings)
+    if isinstance(value, list):
+        return [redact_json(item, settings) for item in value]
+    if isinstance(value, dict):
+        return {redact(str(k), settings): redact_json(v, settings) for k, v in value.items()}
+    return value

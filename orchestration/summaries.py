@@ -1,0 +1,212 @@
+"""Run summaries: what a list shows, read column by column, never a run's payloads.
+
+A list used to build full records (workflow, args, result, every step's input, output and
+prompt) for every row it read, so one ``GET /runs?health=`` could pull thousands of payloads
+(issue 10). A summary is the run's scalar columns, its error cut to
+:data:`ERROR_CHARS`, the id of the step it is on, and its health; the full record stays on
+``Orchestrator.get``.
+
+Health is computed in SQL by :func:`health_expression`, the same rules as
+:func:`orchestration.health.derive` written over columns (a test checks the two agree), so a
+health filter is a ``WHERE`` clause and a page costs one bounded query, however many runs
+an owner has.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import ColumnElement, and_, bindparam, case, func, literal, or_, select
+from sqlalchemy.orm import Session
+
+from orchestration.models import Run, Step
+from orchestration.settings import Settings
+from orchestration.states import RUN_LIVE, RUN_TERMINAL, Health, ParkReason, RunStatus
+
+#: Characters of a run's error a summary carries; the full text is on the record.
+ERROR_CHARS = 200
+
+_LIVE = sorted(s.value for s in RUN_LIVE)
+_TERMINAL = sorted(s.value for s in RUN_TERMINAL)
+
+
+class RunSummary(BaseModel):
+    """A run as a list shows it: no workflow, args, result or step payloads."""
+
+    id: str
+    owner: str
+    request_id: str
+    workflow_name: str
+    status: str
+    health: str
+    stop_reason: str | None
+    #: The first :data:`ERROR_CHARS` characters, ending in ``…`` when cut.
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    heartbeat_at: datetime | None
+    cancel_requested_at: datetime | None
+    deadline_at: datetime | None
+    #: Index of the step the run is on, and that step's id.
+    current_step: int
+    current_step_id: str | None
+    rearms: int
+    park_reason: str | None
+    parked_since: datetime | None
+    waiting_until: datetime | None
+    concurrency_key: str | None
+    claim: str | None
+    needs_review: bool
+
+
+#: The run columns a summary reads, by name; JSON columns are never among them.
+_COLUMNS = (
+    Run.id,
+    Run.owner,
+    Run.request_id,
+    Run.workflow_name,
+    Run.status,
+    Run.stop_reason,
+    Run.created_at,
+    Run.started_at,
+    Run.finished_at,
+    Run.updated_at,
+    Run.heartbeat_at,
+    Run.cancel_requested_at,
+    Run.deadline_at,
+    Run.current_step,
+    Run.rearms,
+    Run.park_reason,
+    Run.parked_since,
+    Run.waiting_until,
+    Run.concurrency_key,
+    Run.claim,
+    Run.needs_review,
+)
+
+
+def status_in(statuses: list[str]) -> ColumnElement[bool]:
+    """``status IN (...)`` with the values written into the SQL, not bound: PostgreSQL can
+    use a partial index (``ix_runs_live``, ``ix_runs_owner_live``) only when it sees that the
+    query's statuses are the index's, also under a cached generic plan."""
+    return Run.status.in_(bindparam(None, statuses, expanding=True, literal_execute=True))
+
+
+def live() -> ColumnElement[bool]:
+    """Live runs, in the form the partial indexes match."""
+    return status_in(_LIVE)
+
+
+def terminal() -> ColumnElement[bool]:
+    """Terminal runs."""
+    return status_in(_TERMINAL)
+
+
+def health_expression(settings: Settings, now: datetime) -> ColumnElement[str]:
+    """A run's health at ``now`` as a SQL expression over its columns.
+
+    The rules of :func:`orchestration.health.derive`, with every bound turned into a cut-off
+    time computed here, so the SQL compares columns with parameters and does no date
+    arithmetic (the same on PostgreSQL and SQLite).
+    """
+    heartbeat_dead = func.coalesce(Run.heartbeat_at, Run.created_at) < now - timedelta(
+        seconds=settings.heartbeat_timeout
+    )
+    known = [reason.value for reason in ParkReason]
+    over_budget = or_(
+        *(
+            and_(
+                Run.park_reason == reason,
+                Run.parked_since < now - timedelta(seconds=settings.park_budget(reason)),
+            )
+            for reason in known
+        ),
+        and_(
+            or_(Run.park_reason.is_(None), Run.park_reason.not_in(known)),
+            Run.parked_since < now - timedelta(seconds=settings.park_budget(None)),
+        ),
+    )
+    park_expired = and_(
+        Run.parked_since.is_not(None),
+        over_budget,
+        or_(Run.waiting_until.is_(None), Run.waiting_until < now),
+    )
+    polled_park_dead = and_(
+        or_(Run.park_reason.is_(None), Run.park_reason != ParkReason.HUMAN.value),
+        heartbeat_dead,
+    )
+    parked = Run.status == RunStatus.PARKED.value
+    expression: ColumnElement[str] = case(
+        (terminal(), literal(Health.ENDED.value)),
+        (and_(parked, or_(park_expired, polled_park_dead)), literal(Health.STALLED.value)),
+        (parked, literal(Health.WAITING.value)),
+        (
+            and_(Run.status == RunStatus.QUEUED.value, Run.claim == "queued"),
+            literal(Health.WAITING.value),
+        ),
+        (heartbeat_dead, literal(Health.STALLED.value)),
+        else_=literal(Health.WORKING.value),
+    )
+    return expression
+
+
+def health_filter(settings: Settings, health: str, now: datetime) -> ColumnElement[bool]:
+    """The ``WHERE`` clause for runs with ``health`` at ``now``.
+
+    The status test comes first and alone decides ``ended``, so the database can answer from
+    the status indexes (a live health reads live rows only, through ``ix_runs_owner_live``).
+    """
+    if health == Health.ENDED.value:
+        return terminal()
+    return and_(live(), health_expression(settings, now) == health)
+
+
+def _error(text: str | None) -> str | None:
+    if text is None or len(text) <= ERROR_CHARS:
+        return text
+    return text[: ERROR_CHARS - 1] + "…"
+
+
+def listing(
+    session: Session,
+    settings: Settings,
+    *,
+    owner: str,
+    now: datetime,
+    status: str | None = None,
+    health: str | None = None,
+    limit: int,
+    before: datetime | None = None,
+) -> list[RunSummary]:
+    """Up to ``limit`` of ``owner``'s runs, newest first (ties by id descending), as summaries.
+
+    ``status`` and ``health`` filter in SQL; ``before`` (a ``created_at``) pages back. One
+    statement, reading only the columns a summary holds; the caller has checked the values.
+    """
+    query = (
+        select(
+            *_COLUMNS,
+            func.substr(Run.error, 1, ERROR_CHARS + 1).label("error"),
+            health_expression(settings, now).label("health"),
+            Step.step_id.label("current_step_id"),
+        )
+        .outerjoin(Step, and_(Step.run_id == Run.id, Step.index == Run.current_step))
+        .where(Run.owner == owner)
+    )
+    if status is not None:
+        query = query.where(Run.status == status)
+    if health is not None:
+        query = query.where(health_filter(settings, health, now))
+    if before is not None:
+        query = query.where(Run.created_at < before)
+    query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
+    summaries = []
+    for row in session.execute(query).mappings():
+        data: dict[str, Any] = dict(row)
+        data["error"] = _error(data["error"])
+        summaries.append(RunSummary.model_validate(data))
+    return summaries

@@ -1,0 +1,32 @@
+"""The stop task: a provider cancel handed off by whoever ended the run, bounded and retried."""
+
+from __future__ import annotations
+
+from celery import Task
+
+from orchestration import turns
+from orchestration.celery_config import STOP_TASK
+from orchestration.db import utcnow
+from tasks.celery_app import app, settings
+from tasks.limits import call_limits
+
+_SOFT, _HARD = call_limits(settings, calls=1)
+
+
+@app.task(
+    bind=True,
+    name=STOP_TASK,
+    max_retries=None,
+    acks_late=True,
+    ignore_result=True,
+    soft_time_limit=_SOFT,
+    time_limit=_HARD,
+)
+def stop_turn(self: Task, run_id: str, index: int) -> None:
+    """Cancel the provider turn of step ``index`` of ``run_id``; attempts are counted on the
+    step (``turn_stop``), so a redelivery cannot make them unbounded."""
+    countdown = turns.attempt(settings, run_id, int(index), utcnow())
+    if countdown is not None:
+        raise self.retry(
+            countdown=countdown, max_retries=None, argsrepr=f"(run={run_id}, step={index})"
+        )

@@ -1,0 +1,98 @@
+"""``explain``'s next move is true at the time it is read: a poll due in the past is overdue
+and waits for a worker (issue 15: after an answer with no worker up, it named a past time as
+"the next poll")."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestration.explain import explain
+from orchestration.records import RunRecord, StepRecord
+from orchestration.settings import Settings
+from tests.unit.support import T0, make_settings, s
+
+
+def _record(next_poll_at: datetime | None, now: datetime) -> RunRecord:
+    step: dict[str, Any] = {
+        "step_id": "a",
+        "index": 0,
+        "provider": "scripted",
+        "status": "running",
+        "attempt": 1,
+        "idempotency_key": "r:a:1",
+        "provider_run_id": "p",
+        "input": "go",
+        "output": None,
+        "error": None,
+        "polls": 3,
+        "last_provider_status": "running",
+        "prompt": None,
+        "celery_task_id": "t",
+        "worker": None,
+        "worker_pid": None,
+        "created_at": T0,
+        "started_at": T0,
+        "finished_at": None,
+        "next_poll_at": next_poll_at,
+    }
+    return RunRecord(
+        id="r",
+        owner="o",
+        request_id="q",
+        fingerprint="f",
+        workflow_name="w",
+        workflow={},
+        args={},
+        status="running",
+        health="working",
+        stop_reason=None,
+        error=None,
+        result=None,
+        created_at=T0,
+        started_at=T0,
+        finished_at=None,
+        heartbeat_at=now,
+        cancel_requested_at=None,
+        deadline_at=now + s(60),
+        task_ids=["t"],
+        current_step=0,
+        rearms=0,
+        park_reason=None,
+        parked_since=None,
+        waiting_until=None,
+        concurrency_key=None,
+        on_conflict=None,
+        claim=None,
+        needs_review=False,
+        steps=[StepRecord(**step)],
+    )
+
+
+@pytest.fixture
+def bounds(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path, queue="steps")
+
+
+def test_a_poll_due_later_is_the_next_poll(bounds: Settings) -> None:
+    now = T0 + s(10)
+    summary = explain(bounds, _record(now + s(5), now), now)
+    assert summary["next"] == f"the next poll at {(now + s(5)).isoformat(timespec='seconds')}"
+
+
+def test_a_poll_overdue_says_so_and_that_it_waits_for_a_worker(bounds: Settings) -> None:
+    now = T0 + s(40)
+    due = T0 + s(10)
+    summary = explain(bounds, _record(due, now), now)
+    assert summary["next"] == (
+        f"the next poll, overdue since {due.isoformat(timespec='seconds')} (30s ago): "
+        "it waits for a worker consuming queue 'steps'"
+    )
+
+
+def test_a_poll_due_just_now_is_not_called_overdue(bounds: Settings) -> None:
+    now = T0 + s(10)
+    assert "overdue" not in explain(bounds, _record(now - s(1), now), now)["next"]

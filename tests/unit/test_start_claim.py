@@ -1,0 +1,152 @@
+"""The provider start is claimed, called with no lock held, then recorded; ``cancel`` waits
+for a claim in flight (bounded by one provider call), so no turn starts after it returns.
+
+A real http provider against a loopback service whose start answers slowly; the step
+execution runs in a thread while the test cancels or closes the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from orchestration.closing import close_run
+from orchestration.db import session_scope, utcnow
+from orchestration.service import Orchestrator
+from orchestration.settings import Settings
+from orchestration.states import RunStatus, StopReason
+from orchestration.stepper import Outcome, Stepper
+from tests.support.hostile_servers import Conversation, HostileServer, well_behaved
+from tests.unit.support import RecordingDispatcher, force_step, launch, run_row, steps_of, workflow
+
+START_SECONDS = 1.0
+
+
+class SlowStartService:
+    """Answers ``POST /runs`` after ``START_SECONDS`` with turn ``turn-9``; records when each
+    start and cancel arrived and when each start answered."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[float, float]] = []
+        self.cancelled: list[tuple[float, str]] = []
+
+    def __call__(self, talk: Conversation) -> None:
+        arrived = time.monotonic()
+        if talk.request.target.endswith("/cancel"):
+            self.cancelled.append((arrived, talk.request.target))
+            well_behaved({})(talk)
+            return
+        if talk.request.method == "POST":
+            talk.pause(START_SECONDS)
+            well_behaved({"id": "turn-9"})(talk)
+            self.started.append((arrived, time.monotonic()))
+            return
+        well_behaved({"id": "turn-9", "state": "running"})(talk)
+
+
+@pytest.fixture
+def service() -> Iterator[tuple[SlowStartService, HostileServer]]:
+    behaviour = SlowStartService()
+    with HostileServer(behaviour) as server:
+        yield behaviour, server
+
+
+def _workflow(url: str) -> dict[str, Any]:
+    return workflow(
+        {
+            "id": "a",
+            "provider": "http",
+            "task": "t",
+            "poll_interval": 0.1,
+            "max_poll_interval": 1.0,
+            "with": {
+                "start": {"url": f"{url}/runs"},
+                "status": {"url": f"{url}/runs/{{run_id}}"},
+                "cancel": {"url": f"{url}/runs/{{run_id}}/cancel"},
+                "run_id_path": "id",
+                "status_path": "state",
+            },
+        }
+    )
+
+
+def _in_thread(work: Callable[[], Outcome]) -> tuple[threading.Thread, list[Outcome]]:
+    outcomes: list[Outcome] = []
+    thread = threading.Thread(target=lambda: outcomes.append(work()), daemon=True)
+    thread.start()
+    return thread, outcomes
+
+
+def _wait_for_claim(settings: Settings, run_id: str) -> None:
+    deadline = time.monotonic() + 5
+    while steps_of(settings, run_id)[0].start_claimed_at is None:
+        assert time.monotonic() < deadline, "the start was never claimed"
+        time.sleep(0.01)
+
+
+def test_cancel_waits_for_a_start_in_flight_and_stops_the_turn_it_recorded(
+    settings: Settings, service: tuple[SlowStartService, HostileServer]
+) -> None:
+    behaviour, server = service
+    run_id = launch(settings, _workflow(server.url), now=utcnow())
+    stepper = Stepper(settings, None)
+    thread, _ = _in_thread(lambda: stepper.advance(run_id, 0, 0))
+    _wait_for_claim(settings, run_id)
+    record = Orchestrator(settings, RecordingDispatcher()).cancel(run_id, owner="owner-1")
+    returned = time.monotonic()
+    thread.join(10)
+    assert record.status == "cancelled"
+    [(_, answered)] = behaviour.started
+    assert answered <= returned, "cancel returned while the start was still in flight"
+    # The canceller and the refused execution may both stop it: a cancel is idempotent.
+    assert {target for _, target in behaviour.cancelled} == {"/runs/turn-9/cancel"}
+    step = steps_of(settings, run_id)[0]
+    assert (step.provider_run_id, step.turn_stop["status"]) == ("turn-9", "stopped")
+    assert step.start_claimed_at is None
+
+
+def test_a_claim_left_by_a_dead_worker_holds_cancel_for_at_most_one_call(
+    settings: Settings, service: tuple[SlowStartService, HostileServer]
+) -> None:
+    _, server = service
+    run_id = launch(settings, _workflow(server.url), now=utcnow())
+    stale = utcnow() - timedelta(seconds=settings.provider_timeout + 5)
+    force_step(settings, run_id, 0, status="running", idempotency_key=f"{run_id}:a:1")
+    force_step(settings, run_id, 0, start_claimed_at=stale)
+    started = time.monotonic()
+    record = Orchestrator(settings, RecordingDispatcher()).cancel(run_id, owner="owner-1")
+    assert record.status == "cancelled"
+    assert time.monotonic() - started < 1.0, "a stale claim is not waited for"
+
+
+def test_a_start_that_outlives_its_run_stops_its_own_turn(
+    settings: Settings, service: tuple[SlowStartService, HostileServer]
+) -> None:
+    behaviour, server = service
+    run_id = launch(settings, _workflow(server.url), now=utcnow())
+    stepper = Stepper(settings, RecordingDispatcher())
+    thread, outcomes = _in_thread(lambda: stepper.advance(run_id, 0, 0))
+    _wait_for_claim(settings, run_id)
+    # The sweeper closes the run meanwhile (here: directly, as its close does).
+    with session_scope(settings.database_url) as session:
+        close_run(
+            session,
+            settings,
+            run_id,
+            RunStatus.TIMED_OUT,
+            stop_reason=StopReason.DEADLINE_EXCEEDED,
+            cause="test",
+            now=utcnow(),
+            dispatcher=None,
+        )
+    thread.join(10)
+    assert run_row(settings, run_id).status == "timed_out"
+    assert len(outcomes) == 1
+    assert [target for _, target in behaviour.cancelled] == ["/runs/turn-9/cancel"]
+    step = steps_of(settings, run_id)[0]
+    assert (step.provider_run_id, step.turn_stop["status"]) == ("turn-9", "stopped")
