@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kombu
+import redis.exceptions
 from celery import Celery, states
 from celery.backends.base import DisabledBackend
 from celery.beat import PersistentScheduler
+from kombu.transport import redis as kombu_redis
 
 from orchestration.settings import Settings
 
@@ -42,6 +47,45 @@ class FolderCreatingScheduler(PersistentScheduler):  # type: ignore[misc]
     def setup_schedule(self) -> None:
         Path(self.schedule_filename).parent.mkdir(parents=True, exist_ok=True)
         super().setup_schedule()
+
+
+#: kombu releases whose Redis transport kills a worker that holds unacknowledged messages when
+#: Redis restarts (``docs/operations.md``, "Redis restarts and kombu 5.7.0"). When kombu is
+#: upgraded, ``tests/integration/test_redis_restart.py`` says whether the next one needs it.
+KOMBU_CRASHING_ON_REDIS_RESTART = frozenset({"5.7.0"})
+
+_kombu_restore_unacked: Callable[[Any, Any], None] = kombu_redis.QoS.restore_unacked
+
+
+@functools.wraps(_kombu_restore_unacked)
+def _restore_unacked(self: Any, client: Any = None) -> None:
+    """kombu's ``QoS.restore_unacked``, failing with a connection error, not an
+    ``AttributeError``, once the channel's broker connection was released.
+
+    After losing the broker, Celery's consumer ``collect()``s the connection, which detaches its
+    transport (``transport.client = None``) even when closing the channel failed, and then
+    closes it again. That second close restores the unacknowledged messages through a new
+    client built from ``transport.client.hostname``: ``AttributeError`` on ``None``, which no
+    cleanup step ignores, so the worker exits. The connection error raised here is what the
+    same restore raises while Redis is down, and every caller on this path ignores it: the
+    worker reconnects, and messages Redis still holds come back after the visibility timeout.
+    """
+    transport = self.channel.connection  # None once the transport dropped the channel
+    if client is None and (transport is None or transport.client is None):
+        raise redis.exceptions.ConnectionError(
+            "cannot restore unacknowledged messages: the broker connection was released"
+        )
+    _kombu_restore_unacked(self, client)
+
+
+def survive_redis_restarts() -> bool:
+    """On a kombu release in :data:`KOMBU_CRASHING_ON_REDIS_RESTART`, replace the Redis
+    transport's ``QoS.restore_unacked`` with :func:`_restore_unacked` (idempotent; it changes
+    nothing while the connection is attached). Returns whether it did."""
+    if kombu.__version__ not in KOMBU_CRASHING_ON_REDIS_RESTART:
+        return False
+    kombu_redis.QoS.restore_unacked = _restore_unacked  # type: ignore[method-assign]
+    return True
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -96,9 +140,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 def configure(app: Celery, settings: Settings) -> Celery:
-    """Apply :func:`celery_config` to ``app`` and, when signing is on, register the signing
-    serializer (``setup_security`` also disables every insecure serializer)."""
+    """Apply :func:`celery_config` to ``app``, keep a Redis restart from killing its workers
+    (:func:`survive_redis_restarts`) and, when signing is on, register the signing serializer
+    (``setup_security`` also disables every insecure serializer)."""
     app.conf.update(celery_config(settings))
+    survive_redis_restarts()
     if settings.security_key:
         app.setup_security(serializer="json")
     return app

@@ -423,12 +423,23 @@ def test_two_beats_close_each_run_once(
         )
         for _ in range(QUEUED_LOAD)
     ]
+    # The two beats' sweeps go to a queue of their own, consumed by a worker with a free pool
+    # process for each: a step task holding a shared pool process cannot serialise them.
+    sweeps = {**stack.env, "ORCH_QUEUE": stack.settings.queue + "-sweeps"}
+    sweeper_worker = start_worker(
+        sweeps,
+        stack.folder / "sweeps.log",
+        concurrency=2,
+        name="sweeps",
+        extra=("-Q", sweeps["ORCH_QUEUE"]),
+    )
+    sweeper_worker.wait_for_log("ready.", timeout=60)
     try:
         with sweeper_paused(stack):
             for name in ("beat-a", "beat-b"):
                 beats[name] = ManagedProcess(
                     celery_argv("beat", "-l", "DEBUG", "-s", str(stack.folder / f"{name}-s")),
-                    stack.env,
+                    sweeps,
                     stack.folder / f"{name}.log",
                 )
             for beat in beats.values():
@@ -437,24 +448,43 @@ def test_two_beats_close_each_run_once(
                 orch.launch(one_step([["running", 0.2], ["input_required"]]), owner=owner)
                 for _ in range(4)
             ]
+            parked = [
+                wait_for(
+                    lambda run=run: (r := orch.get(run.id, owner=owner)).status == "parked" and r,
+                    20,
+                    what="parked for a human",
+                )
+                for run in runs
+            ]
+            # Both beats are held while the parks expire, then let go together: each sends the
+            # sweep it owes at once, so their passes start within milliseconds of each other
+            # and both find the same expired parks (whatever the beats' phases were before).
+            expiry = max(r.parked_since for r in parked if r.parked_since) + timedelta(
+                seconds=stack.settings.park_budget_human + 0.5
+            )
+            for beat in beats.values():
+                beat.signal(signal.SIGSTOP)
+            wait_for(lambda: utcnow() > expiry, 30, what="the parks' budget")
+            for beat in beats.values():
+                beat.signal(signal.SIGCONT)
             for run in runs:
                 assert terminal(orch, run.id, owner).stop_reason == "park_expired"
             # A pass that closed parks overlapped a pass of the other beat: both raced to close
-            # the same runs. Not a vacuous pass: if none did in ~15 s (some 30 passes per
-            # beat), the test fails.
+            # the same runs. Not vacuous: if no such pair is in the worker's log, it fails.
             closing = wait_for(
                 lambda: [
                     pair
-                    for pair in overlapping(sweeper_passes(worker.log(), beats))
+                    for pair in overlapping(sweeper_passes(sweeper_worker.log(), beats))
                     if pair[0].parks_expired or pair[1].parks_expired
                 ],
-                15,
+                5,
                 what="a pass closing parks that overlapped a pass of the other beat",
             )
             print(f"overlapping passes: {closing[:3]}")
     finally:
         for beat in beats.values():
             beat.stop()
+        sweeper_worker.stop()
         for run in [*load, holder]:
             orch.cancel(run.id, owner=owner)
     for run in runs:
