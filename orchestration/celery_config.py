@@ -62,13 +62,15 @@ def _restore_unacked(self: Any, client: Any = None) -> None:
     """kombu's ``QoS.restore_unacked``, failing with a connection error, not an
     ``AttributeError``, once the channel's broker connection was released.
 
-    After losing the broker, Celery's consumer ``collect()``s the connection, which detaches its
-    transport (``transport.client = None``) even when closing the channel failed, and then
-    closes it again. That second close restores the unacknowledged messages through a new
-    client built from ``transport.client.hostname``: ``AttributeError`` on ``None``, which no
-    cleanup step ignores, so the worker exits. The connection error raised here is what the
-    same restore raises while Redis is down, and every caller on this path ignores it: the
-    worker reconnects, and messages Redis still holds come back after the visibility timeout.
+    After losing the broker, Celery's consumer ``collect()``s the connection. Closing the
+    consuming channel fails there (it first reads the reply of the ``BRPOP`` it was waiting
+    in, from the dead socket), yet ``collect()`` detaches the transport anyway
+    (``transport.client = None``); Celery then closes the connection again. That second close
+    restores the unacknowledged messages through a new client built from
+    ``transport.client.hostname``: ``AttributeError`` on ``None``, which no cleanup step
+    ignores, so the worker exits. The connection error raised here is what the same restore
+    raises while Redis is down, and every caller on this path ignores it: the worker
+    reconnects, and messages Redis still holds come back after the visibility timeout.
     """
     transport = self.channel.connection  # None once the transport dropped the channel
     if client is None and (transport is None or transport.client is None):

@@ -7,21 +7,19 @@ countdown message, held under ``task_acks_late``): ``Unrecoverable error: Attrib
 (:func:`orchestration.celery_config.survive_redis_restarts`).
 
 Each test runs a real prefork worker of ``tests/support/redis_restart_app.py`` on a private
-``redis-server`` without persistence, stops Redis while the worker holds a countdown message,
-waits until the worker has seen it go, and starts Redis again. With the workaround the worker
-lives, reconnects and runs a task sent after the restart. Without it, on a kombu release the
-workaround is for, the same sequence kills the worker: that test fails once kombu is fixed,
-which is when the workaround can go. The held message itself is lost with Redis's memory; what
-is claimed is that the worker does not crash and keeps consuming.
+``redis-server`` without persistence, SIGKILLs Redis while the worker holds a countdown message
+and waits in ``BRPOP``, waits until the worker has seen Redis go, and starts it again. With the
+workaround the worker lives, reconnects and runs a task sent after the restart. Without it, on a
+kombu release the workaround is for, the same sequence kills the worker. On any other release
+the workaround is off, and the first test alone says whether that release still needs it. The
+held message itself is lost with Redis's memory: what is claimed is that the worker does not
+crash and keeps consuming.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import kombu
@@ -33,11 +31,10 @@ from chaos.services import PrivateRedis
 from orchestration.celery_config import KOMBU_CRASHING_ON_REDIS_RESTART
 from orchestration.processes import ManagedProcess
 from tests.conftest import IN_CI, wait_for
-from tests.support.redis_restart_app import MARK_TASK, WITHOUT_WORKAROUND
+from tests.support.redis_restart import MARK_TASK, QUEUE, running_worker
 
 pytestmark = pytest.mark.integration
 
-QUEUE = "redis-restart"
 CONNECTION_LOST = "consumer: Connection to broker lost"
 RECONNECTING = "consumer: Cannot connect to redis://"
 CONNECTED = "Connected to redis://"
@@ -57,30 +54,6 @@ def server(tmp_path: Path) -> Iterator[PrivateRedis]:
     private.stop()
 
 
-@contextmanager
-def running_worker(
-    server: PrivateRedis, folder: Path, *, workaround: bool
-) -> Iterator[ManagedProcess]:
-    """A prefork worker of the test app on ``server``, flags as in ``start_worker``."""
-    env = {
-        **os.environ,
-        "ORCH_BROKER_URL": server.url,
-        "ORCH_QUEUE": QUEUE,
-        "ORCH_DATABASE_URL": f"sqlite:///{folder / 'unused.db'}",
-    }
-    env.pop(WITHOUT_WORKAROUND, None)
-    if not workaround:
-        env[WITHOUT_WORKAROUND] = "1"
-    argv = [sys.executable, "-m", "celery", "-A", "tests.support.redis_restart_app", "worker"]
-    argv += ["-P", "prefork", "-c", "1", "--without-mingle", "--without-gossip", "-E", "-l", "INFO"]
-    worker = ManagedProcess(argv, env, folder / "worker.log")
-    try:
-        worker.wait_for_log("ready.", timeout=60)
-        yield worker
-    finally:
-        worker.stop()
-
-
 def send_mark(server: PrivateRedis, path: Path, line: str, countdown: float = 0) -> None:
     """Send the test app's task by name, from a client of our own."""
     client = Celery("redis-restart-client", broker=server.url)
@@ -91,11 +64,18 @@ def send_mark(server: PrivateRedis, path: Path, line: str, countdown: float = 0)
 
 
 def hold_a_countdown_message(server: PrivateRedis, path: Path) -> None:
-    """Leave the worker holding one unacknowledged countdown message (kombu's ``unacked``)."""
+    """Leave the worker holding one unacknowledged countdown message (kombu's ``unacked``)
+    and blocked in its next ``BRPOP``, as a polling worker is when Redis goes: the reply its
+    channel then waits for is what makes kombu's first close of it fail."""
     send_mark(server, path, "held", countdown=300)
-    unacked = redis.Redis.from_url(server.url)
-    wait_for(lambda: unacked.hlen("unacked") == 1, timeout=15, what="the worker to hold it")
-    unacked.close()
+    client = redis.Redis.from_url(server.url)
+    wait_for(lambda: client.hlen("unacked") == 1, timeout=15, what="the worker to hold it")
+    wait_for(
+        lambda: any(c["cmd"] == "brpop" and "b" in c["flags"] for c in client.client_list()),
+        timeout=15,
+        what="the worker to wait in BRPOP",
+    )
+    client.close()
 
 
 def stop_redis_under(worker: ManagedProcess, server: PrivateRedis) -> None:
