@@ -24,7 +24,9 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from orchestration.db import missing_driver_hint, normalize_url
+from orchestration.egress import AllowList
 from orchestration.errors import ConfigurationError
+from orchestration.secret_declarations import declared, decode_declared
 
 #: Slack added to bounds that depend on two clocks and a queue (seconds).
 MARGIN_SECONDS = 2.0
@@ -240,8 +242,6 @@ class Settings(BaseSettings):
     @field_validator("provider_hosts")
     @classmethod
     def _provider_hosts(cls, value: str) -> str:
-        from orchestration.egress import AllowList
-
         AllowList.parse(value)
         return value
 
@@ -250,15 +250,11 @@ class Settings(BaseSettings):
     def _provider_secrets_json(cls, value: Any) -> Any:
         """The environment source decodes JSON itself; ``Settings(provider_secrets='…')``
         (a process's environment turned into arguments) is decoded here."""
-        from orchestration.secrets import decode_declared
-
         return decode_declared(value)
 
     @field_validator("provider_secrets")
     @classmethod
     def _provider_secrets(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
-        from orchestration.secrets import declared
-
         return declared(value)
 
     @model_validator(mode="before")
