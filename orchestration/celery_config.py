@@ -54,39 +54,41 @@ class FolderCreatingScheduler(PersistentScheduler):  # type: ignore[misc]
 #: upgraded, ``tests/integration/test_redis_restart.py`` says whether the next one needs it.
 KOMBU_CRASHING_ON_REDIS_RESTART = frozenset({"5.7.0"})
 
-_kombu_restore_unacked: Callable[[Any, Any], None] = kombu_redis.QoS.restore_unacked
+_kombu_connparams: Callable[..., dict[str, Any]] = kombu_redis.Channel._connparams
 
 
-@functools.wraps(_kombu_restore_unacked)
-def _restore_unacked(self: Any, client: Any = None) -> None:
-    """kombu's ``QoS.restore_unacked``, failing with a connection error, not an
+@functools.wraps(_kombu_connparams)
+def _connparams(self: Any, asynchronous: bool = False) -> dict[str, Any]:
+    """kombu's ``Channel._connparams``, failing with a connection error, not an
     ``AttributeError``, once the channel's broker connection was released.
 
     After losing the broker, Celery's consumer ``collect()``s the connection. Closing the
     consuming channel fails there (it first reads the reply of the ``BRPOP`` it was waiting
     in, from the dead socket), yet ``collect()`` detaches the transport anyway
-    (``transport.client = None``); Celery then closes the connection again. That second close
-    restores the unacknowledged messages through a new client built from
-    ``transport.client.hostname``: ``AttributeError`` on ``None``, which no cleanup step
-    ignores, so the worker exits. The connection error raised here is what the same restore
-    raises while Redis is down, and every caller on this path ignores it: the worker
-    reconnects, and messages Redis still holds come back after the visibility timeout.
+    (``transport.client = None``). Whatever then needs a Redis client on that channel builds
+    one from ``transport.client.hostname``: Celery's second close of the connection (which
+    restores the unacknowledged messages), or the ack of a task that finished meanwhile.
+    ``AttributeError`` on ``None`` is not a connection error, so nothing on those paths
+    ignores it and the worker exits. The connection error raised here is what the same calls
+    raise while Redis is down, and every caller on these paths handles it: the worker
+    reconnects, and an unacknowledged message comes back after the visibility timeout (the
+    step task's fencing tick makes a second delivery harmless).
     """
-    transport = self.channel.connection  # None once the transport dropped the channel
-    if client is None and (transport is None or transport.client is None):
+    transport = self.connection
+    if transport is None or transport.client is None:
         raise redis.exceptions.ConnectionError(
-            "cannot restore unacknowledged messages: the broker connection was released"
+            "the broker connection of this channel was released (Redis restarted)"
         )
-    _kombu_restore_unacked(self, client)
+    return _kombu_connparams(self, asynchronous=asynchronous)
 
 
 def survive_redis_restarts() -> bool:
     """On a kombu release in :data:`KOMBU_CRASHING_ON_REDIS_RESTART`, replace the Redis
-    transport's ``QoS.restore_unacked`` with :func:`_restore_unacked` (idempotent; it changes
+    transport's ``Channel._connparams`` with :func:`_connparams` (idempotent; it changes
     nothing while the connection is attached). Returns whether it did."""
     if kombu.__version__ not in KOMBU_CRASHING_ON_REDIS_RESTART:
         return False
-    kombu_redis.QoS.restore_unacked = _restore_unacked  # type: ignore[method-assign]
+    kombu_redis.Channel._connparams = _connparams  # type: ignore[method-assign]
     return True
 
 

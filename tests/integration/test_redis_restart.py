@@ -31,7 +31,7 @@ from chaos.services import PrivateRedis
 from orchestration.celery_config import KOMBU_CRASHING_ON_REDIS_RESTART
 from orchestration.processes import ManagedProcess
 from tests.conftest import IN_CI, wait_for
-from tests.support.redis_restart import MARK_TASK, QUEUE, running_worker
+from tests.support.redis_restart import MARK_TASK, QUEUE, SLOW_MARK_TASK, running_worker
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +59,14 @@ def send_mark(server: PrivateRedis, path: Path, line: str, countdown: float = 0)
     client = Celery("redis-restart-client", broker=server.url)
     try:
         client.send_task(MARK_TASK, args=(str(path), line), countdown=countdown, queue=QUEUE)
+    finally:
+        client.close()
+
+
+def send_slow_mark(server: PrivateRedis, path: Path, line: str, seconds: float) -> None:
+    client = Celery("redis-restart-client", broker=server.url)
+    try:
+        client.send_task(SLOW_MARK_TASK, args=(str(path), line, seconds), queue=QUEUE)
     finally:
         client.close()
 
@@ -111,6 +119,42 @@ def test_a_worker_survives_a_redis_restart_and_keeps_consuming(
             what="the task sent after the restart to run",
         )
         assert worker.proc.poll() is None
+        assert "Unrecoverable error" not in worker.log()
+
+
+def test_a_task_that_ends_after_redis_went_is_acknowledged_without_killing_the_worker(
+    server: PrivateRedis, tmp_path: Path
+) -> None:
+    """The second path: a task still running when Redis goes finishes after the connection was
+    released, and its late ack builds a client from the detached transport."""
+    marks = tmp_path / "marks.txt"
+    with running_worker(server, tmp_path, workaround=True, concurrency=2) as worker:
+        send_slow_mark(server, marks, "slow", seconds=3)
+        wait_for(lambda: "slow_mark[" in worker.log(), timeout=15, what="the slow task to start")
+        client = redis.Redis.from_url(server.url)
+        wait_for(
+            lambda: any(c["cmd"] == "brpop" and "b" in c["flags"] for c in client.client_list()),
+            timeout=15,
+            what="the worker's free slot to wait in BRPOP",
+        )
+        client.close()
+        stop_redis_under(worker, server)
+        wait_for(lambda: marks.exists(), timeout=15, what="the slow task to finish")
+        # Its ack waits for the consumer's loop, which runs again once Redis is back: it is
+        # made on the old, released channel.
+        server.start()
+        wait_for(
+            lambda: "Couldn't ack" in worker.log() or worker.proc.poll() is not None,
+            timeout=30,
+            what="its late ack, on the released connection",
+        )
+        assert worker.proc.poll() is None, worker.log()[-3000:]
+        send_mark(server, marks, "after the restart")
+        wait_for(
+            lambda: "after the restart" in marks.read_text(),
+            timeout=30,
+            what="the task sent after the restart to run",
+        )
         assert "Unrecoverable error" not in worker.log()
 
 

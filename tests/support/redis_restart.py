@@ -16,12 +16,13 @@ from pathlib import Path
 from chaos.services import PrivateRedis
 from orchestration.processes import ManagedProcess
 
-#: Set to ``1`` to run the worker with kombu's own ``QoS.restore_unacked``, as it was before
+#: Set to ``1`` to run the worker with kombu's own ``Channel._connparams``, as it was before
 #: :func:`~orchestration.celery_config.survive_redis_restarts`: the test shows the crash.
 WITHOUT_WORKAROUND = "ORCH_TEST_WITHOUT_KOMBU_WORKAROUND"
 
-#: The app's one task: it appends a line to a file.
+#: The app's tasks: append a line to a file, at once or after a pause.
 MARK_TASK = "tests.redis_restart.mark"
+SLOW_MARK_TASK = "tests.redis_restart.slow_mark"
 
 #: The queue the worker consumes (its ``ORCH_QUEUE``).
 QUEUE = "redis-restart"
@@ -29,10 +30,10 @@ QUEUE = "redis-restart"
 
 @contextmanager
 def running_worker(
-    server: PrivateRedis, folder: Path, *, workaround: bool
+    server: PrivateRedis, folder: Path, *, workaround: bool, concurrency: int = 1
 ) -> Iterator[ManagedProcess]:
-    """A ready prefork worker of the app on ``server`` (the flags of ``start_worker``, one
-    process), logging to ``folder/worker.log``; stopped on exit."""
+    """A ready prefork worker of the app on ``server`` (the flags of ``start_worker``,
+    ``concurrency`` processes), logging to ``folder/worker.log``; stopped on exit."""
     env = {
         **os.environ,
         "ORCH_BROKER_URL": server.url,
@@ -43,7 +44,8 @@ def running_worker(
     if not workaround:
         env[WITHOUT_WORKAROUND] = "1"
     argv = [sys.executable, "-m", "celery", "-A", "tests.support.redis_restart_app", "worker"]
-    argv += ["-P", "prefork", "-c", "1", "--without-mingle", "--without-gossip", "-E", "-l", "INFO"]
+    argv += ["-P", "prefork", "-c", str(concurrency), "--without-mingle", "--without-gossip"]
+    argv += ["-E", "-l", "INFO"]
     worker = ManagedProcess(argv, env, folder / "worker.log")
     try:
         worker.wait_for_log("ready.", timeout=60)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 from pathlib import Path
 
 from celery import Celery
@@ -17,12 +18,12 @@ from kombu.transport import redis as kombu_redis
 
 from orchestration.celery_config import configure
 from orchestration.settings import get_settings
-from tests.support.redis_restart import MARK_TASK, WITHOUT_WORKAROUND
+from tests.support.redis_restart import MARK_TASK, SLOW_MARK_TASK, WITHOUT_WORKAROUND
 
 app = configure(Celery("redis_restart"), get_settings())
 if os.environ.get(WITHOUT_WORKAROUND) == "1":
-    original = inspect.unwrap(kombu_redis.QoS.restore_unacked)
-    kombu_redis.QoS.restore_unacked = original  # type: ignore[method-assign]
+    original = inspect.unwrap(kombu_redis.Channel._connparams)
+    kombu_redis.Channel._connparams = original  # type: ignore[method-assign]
 
 
 @app.task(name=MARK_TASK)  # type: ignore[untyped-decorator]
@@ -30,3 +31,11 @@ def mark(path: str, line: str) -> None:
     """Append ``line`` to the file at ``path``."""
     with Path(path).open("a") as out:
         out.write(line + "\n")
+
+
+@app.task(name=SLOW_MARK_TASK)  # type: ignore[untyped-decorator]
+def slow_mark(path: str, line: str, seconds: float) -> None:
+    """Append ``line`` after ``seconds``: a task still running when Redis goes, acknowledged
+    (``task_acks_late``) after the connection was released."""
+    time.sleep(seconds)
+    mark(path, line)
