@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from orchestration import claims
 from orchestration.dispatch import Dispatcher
-from orchestration.models import Step
+from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import (
     RUN_TERMINAL,
@@ -52,6 +52,13 @@ def close_run(
     the next queued run unless ``promote`` is false (a displacing run takes it instead).
     """
     assert to in RUN_TERMINAL
+    # Only a holder's end frees its key. A run queued behind the holder releases nothing, and
+    # must not lock the holder's row after its own: the holder's end locks the holder, then the
+    # queued run it promotes, and the opposite order deadlocks with it (PostgreSQL).
+    held = (
+        session.scalar(select(Run.claim).where(Run.id == run_id).with_for_update())
+        == claims.HOLDING
+    )
     values: dict[str, Any] = {"error": error, "claim": None, **(extra or {})}
     if result is not None:
         values["result"] = result
@@ -74,5 +81,7 @@ def close_run(
             {"error": step_error} if step_error and target is not StepStatus.SKIPPED else {}
         )
         transition_step(session, step, target, cause=cause, now=now, values=step_values)
-    claims.release(session, settings, run_id, now=now, dispatcher=dispatcher, promote=promote)
+    claims.release(
+        session, settings, run_id, now=now, dispatcher=dispatcher, promote=promote and held
+    )
     return left
