@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestration.celery_config import SWEEP_TASK
+from orchestration.runtime.celery_config import SWEEP_TASK
 from orchestration.settings import Settings
 
 

@@ -57,12 +57,14 @@ from chaos.faults import Fault
 from chaos.population import RunPlan
 from orchestration.states import RUN_TERMINAL, STEP_TERMINAL
 
-#: Scheduling and commit slack allowed past a stated deadline (seconds).
-TOLERANCE = 1.0
-
 #: Slack between the provider's clock and the database's when a start call is compared with a
 #: write (seconds). Both read the same machine's clock, so only its resolution is allowed.
 CLOCK_RESOLUTION = 0.001
+
+#: Allowed past a stated deadline (seconds): the clock's resolution only. The slack the engine
+#: states (``deadlines.slack_seconds``) must itself cover its sweep interval, lock waits,
+#: commit latency and clocks.
+TOLERANCE = CLOCK_RESOLUTION
 
 #: Instrumentation the runner adds beside the run journal (only in the chaos database): every
 #: committed write that records a step's provider turn, with the database clock. A row that

@@ -21,14 +21,12 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
+from chaos.duplicating import DuplicatingQueue
 from chaos.population import RunPlan
-from orchestration.dispatch import (
-    DuplicatingDispatcher,
-    client_dispatcher,
-    plan_chain,
-)
+from orchestration.chains import plan_chain
 from orchestration.errors import ConflictError, OrchestrationError
 from orchestration.providers.scripted import ScriptedProvider
+from orchestration.runtime.celery_queue import client_queue
 from orchestration.service import Orchestrator, is_terminal
 from orchestration.settings import Settings
 
@@ -85,7 +83,7 @@ _PROCESS_ORCH: Orchestrator | None = None
 def _process_init(values: dict[str, Any]) -> None:
     global _PROCESS_ORCH
     settings = Settings.model_validate(values)
-    _PROCESS_ORCH = Orchestrator(settings, client_dispatcher(settings))
+    _PROCESS_ORCH = Orchestrator(settings, client_queue(settings))
 
 
 def _process_cancel(run_id: str, owner: str, at: float) -> tuple[float, float, str | None, str]:
@@ -107,9 +105,9 @@ class Driver:
     def __init__(self, settings: Settings, rng: random.Random) -> None:
         self.settings = settings
         self.rng = rng
-        dispatcher = client_dispatcher(settings)
+        dispatcher = client_queue(settings)
         self.orch = Orchestrator(settings, dispatcher)
-        self.twice = Orchestrator(settings, DuplicatingDispatcher(dispatcher))
+        self.twice = Orchestrator(settings, DuplicatingQueue(dispatcher))
         self.dispatcher = dispatcher
         self.records = Records()
         self.stop = threading.Event()

@@ -1,6 +1,6 @@
 """The processes under test: two prefork workers and one beat, killed, stopped and restarted.
 
-Every worker is its own process group (``orchestration.processes``), so a signal reaches the
+Every worker is its own process group (``orchestration.runtime.processes``), so a signal reaches the
 main process and its prefork children at once. Each worker connects to PostgreSQL under its
 own ``application_name`` (``chaos-w1``, ``chaos-w2``), which is how a fault finds the worker
 behind a database backend, and how the audit tells who wrote what.
@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestration.processes import ManagedProcess, start_beat, start_worker
+from orchestration.runtime.processes import ManagedProcess, start_beat, start_worker
 
 WORKERS = ("w1", "w2")
 

@@ -14,12 +14,11 @@ import time
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
-from orchestration import deadlines, turns
-from orchestration.closing import close_run
-from orchestration.db import session_scope
-from orchestration.dispatch import Dispatcher
+from orchestration import closing, deadlines, turns
 from orchestration.errors import IllegalTransition
+from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
 from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import RUN_TERMINAL, STEP_LIVE, RunStatus, StopReason
@@ -29,49 +28,54 @@ from orchestration.transitions import touch_run, transition_run
 _START_POLL_SECONDS = 0.02
 
 
-def request(settings: Settings, run_id: str, *, now: datetime, by: str) -> bool:
+def request(transact: Transact, settings: Settings, run_id: str, *, now: datetime, by: str) -> bool:
     """Record the cancel request and move the run to ``cancelling``, then wait until no
     provider start of the run is in flight (at most one provider call): from the return on,
     no turn can start, graceful or not.
 
     Returns ``False`` when the run is already terminal (nothing to do).
     """
-    with session_scope(settings.database_url) as session:
-        run = session.get(Run, run_id, populate_existing=True)
-        if run is None or run.status in RUN_TERMINAL:
-            return False
-        # This UPDATE takes the run row's lock: it waits for a step that is claiming a start.
-        if not touch_run(
-            session,
-            run_id,
-            now,
-            cancel_requested_at=func.coalesce(Run.cancel_requested_at, now),
-        ):
-            return False
-        session.refresh(run)
-        deadline = deadlines.compute(
+    if not transact(lambda session: Done(_record_request(session, settings, run_id, now, by))):
+        return False
+    _await_starts(transact, settings, run_id, now)
+    return True
+
+
+def _record_request(
+    session: Session, settings: Settings, run_id: str, now: datetime, by: str
+) -> bool:
+    run = session.get(Run, run_id, populate_existing=True)
+    if run is None or run.status in RUN_TERMINAL:
+        return False
+    # This UPDATE takes the run row's lock: it waits for a step that is claiming a start.
+    if not touch_run(
+        session, run_id, now, cancel_requested_at=func.coalesce(Run.cancel_requested_at, now)
+    ):
+        return False
+    session.refresh(run)
+    if run.status != RunStatus.CANCELLING:
+        deadline = deadlines.for_run(
             settings,
-            RunStatus.CANCELLING,
+            run,
+            None,
             heartbeat_at=run.heartbeat_at or run.created_at,
-            cancel_requested_at=run.cancel_requested_at,
+            status=RunStatus.CANCELLING,
             now=now,
         )
-        if run.status != RunStatus.CANCELLING:
-            transition_run(
-                session,
-                run_id,
-                RunStatus.CANCELLING,
-                cause=f"cancel requested by {by}",
-                now=now,
-                values={"deadline_at": deadline},
-            )
-    _await_starts(settings, run_id, now)
+        transition_run(
+            session,
+            run_id,
+            RunStatus.CANCELLING,
+            cause=f"cancel requested by {by}",
+            now=now,
+            values={"deadline_at": deadline},
+        )
     return True
 
 
 def finish(
+    transact: Transact,
     settings: Settings,
-    dispatcher: Dispatcher | None,
     run_id: str,
     *,
     now: datetime,
@@ -85,42 +89,50 @@ def finish(
 
     The provider cancels are tried once, within ``ORCH_CANCEL_CALL_TIMEOUT`` for all turns
     together; a turn not stopped in that time is recorded ``pending`` and stopped by the
-    ``stop_turn`` task after this returns, so a hanging provider cannot hold a cancel.
-    The sweeper passes ``inline=False``: every stop is handed off, none runs in its pass.
-    Returns ``False`` when another writer ended the run first (that writer's end stands).
+    stop task after this returns, so a hanging provider cannot hold a cancel. The sweeper
+    passes ``inline=False``: every stop is handed off, none runs in its pass. ``revoke`` is
+    false when the caller is the run's own step task. Returns ``False`` when another writer
+    ended the run first (that writer's end stands).
     """
-    with session_scope(settings.database_url) as session:
-        run = session.get(Run, run_id)
-        if run is None or run.status in RUN_TERMINAL:
-            return False
-        task_ids = list(run.task_ids)
-        live = turns.live_turns(session, run)
-    if revoke and dispatcher is not None:
-        dispatcher.revoke(task_ids, terminate=True)
+    # The tasks are revoked as soon as this read commits, before the provider cancels: a step
+    # task woken by its provider's answer must not race the cancel to the terminal row.
+    live = transact(lambda session: _live(session, run_id, revoke=revoke))
+    if live is None:
+        return False
     if inline:
         results = turns.stop_within(settings, live, settings.cancel_call_timeout)
     else:
         results = turns.pending(live)
     errors = [f"{r.turn.ref.key}: {r.error}" for r in results if r.error]
     note = f"; provider cancel errors: {'; '.join(errors)}" if errors else ""
+
+    def close(session: Session) -> Done[bool]:
+        then = closing.end_run(
+            session,
+            settings,
+            run_id,
+            RunStatus.CANCELLED,
+            stop_reason=stop_reason,
+            cause=cause + note,
+            now=now,
+            revoke=False,
+            stops=results,
+            stop_attempts=1 if inline else 0,
+        )
+        return Done(True, then)
+
     try:
-        with session_scope(settings.database_url, lock_timeout=lock_timeout) as session:
-            close_run(
-                session,
-                settings,
-                run_id,
-                RunStatus.CANCELLED,
-                stop_reason=stop_reason,
-                cause=cause + note,
-                now=now,
-                dispatcher=dispatcher,
-            )
-            turns.stop_later(
-                session, settings, dispatcher, results, now, attempts=1 if inline else 0
-            )
+        return transact(close, lock_timeout=lock_timeout)
     except IllegalTransition:
         return False
-    return True
+
+
+def _live(session: Session, run_id: str, *, revoke: bool) -> Done[list[turns.LiveTurn] | None]:
+    run = session.get(Run, run_id)
+    if run is None or run.status in RUN_TERMINAL:
+        return Done(None)
+    then = Followups(revoke=tuple(run.task_ids)) if revoke else Followups()
+    return Done(turns.live_turns(session, run), then)
 
 
 def stated_bound(settings: Settings) -> float:
@@ -130,7 +142,7 @@ def stated_bound(settings: Settings) -> float:
     return settings.provider_timeout + settings.cancel_call_timeout + MARGIN_SECONDS
 
 
-def _await_starts(settings: Settings, run_id: str, now: datetime) -> None:
+def _await_starts(transact: Transact, settings: Settings, run_id: str, now: datetime) -> None:
     """Wait until no provider start of the run is in flight: a start claimed before the cancel
     request committed either records its turn (so it is stopped next) or ends by its hard
     deadline. A claim older than one provider call plus margin belongs to a dead worker and is
@@ -138,16 +150,19 @@ def _await_starts(settings: Settings, run_id: str, now: datetime) -> None:
     window = timedelta(seconds=settings.provider_timeout + MARGIN_SECONDS)
     until = time.monotonic() + window.total_seconds()
     while True:
-        with session_scope(settings.database_url) as session:
-            in_flight = session.scalar(
-                select(func.count())
-                .select_from(Step)
-                .where(
-                    Step.run_id == run_id,
-                    Step.status.in_([status.value for status in STEP_LIVE]),
-                    Step.start_claimed_at > now - window,
+        in_flight = transact(
+            lambda session: Done(
+                session.scalar(
+                    select(func.count())
+                    .select_from(Step)
+                    .where(
+                        Step.run_id == run_id,
+                        Step.status.in_([status.value for status in STEP_LIVE]),
+                        Step.start_claimed_at > now - window,
+                    )
                 )
             )
+        )
         if not in_flight or time.monotonic() >= until:
             return
         # Observing a bounded call end, not ordering two writers: the claim is the order.

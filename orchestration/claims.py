@@ -2,31 +2,29 @@
 
 The holder has ``claim = 'holding'``, enforced by a unique partial index. A launch onto a held
 key is rejected, queued behind the holder (``claim = 'queued'``, started when the holder ends
-by any terminal path, since every path goes through ``closing.close_run``), or preempts the
+by any terminal path, since every path goes through ``closing.end_run``), or preempts the
 holder. A holder that is stalled (dead heartbeat, park past budget) is displaced in the same
 transaction as the takeover: closed ``interrupted``/``displaced`` and flagged for review.
+
+This module decides; ``launching`` carries the decision out (it ends a displaced holder
+through ``closing``), so the two never import each other.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import deadlines, turns
-from orchestration.db import after_commit, utcnow
+from orchestration import deadlines
 from orchestration.errors import ConflictError
 from orchestration.health import derive
 from orchestration.models import Run
 from orchestration.settings import Settings
-from orchestration.states import Health, RunStatus, StopReason
-from orchestration.transitions import lock_run
-
-if TYPE_CHECKING:
-    from orchestration.dispatch import Dispatcher
+from orchestration.states import ClaimState, Health, RunStatus, StopReason
 
 
 class OnConflict(StrEnum):
@@ -40,116 +38,93 @@ class OnConflict(StrEnum):
     INTERRUPT = "interrupt"
 
 
-HOLDING = "holding"
-QUEUED = "queued"
+@dataclass(frozen=True)
+class Ousting:
+    """The current holder, to be ended so that the new run can take the key."""
+
+    run_id: str
+    to: RunStatus
+    stop_reason: StopReason
+    cause: str
+    displaced: bool
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The new run's claim, the holder's deadline (a queued run starts by it), and the
+    holder to end first, if any."""
+
+    claim: ClaimState
+    holder_deadline: datetime | None = None
+    oust: Ousting | None = None
 
 
 def holder(session: Session, owner: str, key: str) -> Run | None:
     """The run holding ``key`` for ``owner``, locked for the rest of the transaction."""
     return session.scalars(
         select(Run)
-        .where(Run.owner == owner, Run.concurrency_key == key, Run.claim == HOLDING)
+        .where(Run.owner == owner, Run.concurrency_key == key, Run.claim == ClaimState.HOLDING)
         .with_for_update()
     ).first()
 
 
-def acquire(
+def first_queued(session: Session, owner: str, key: str, *, lock: bool = False) -> Run | None:
+    """The oldest run queued behind ``key`` for ``owner``."""
+    query = (
+        select(Run)
+        .where(
+            Run.owner == owner,
+            Run.concurrency_key == key,
+            Run.claim == ClaimState.QUEUED,
+            Run.status == RunStatus.QUEUED.value,
+        )
+        .order_by(Run.created_at, Run.id)
+        .limit(1)
+    )
+    return session.scalars(query.with_for_update() if lock else query).first()
+
+
+def decide(
     session: Session,
     settings: Settings,
-    dispatcher: Dispatcher | None,
     *,
     owner: str,
     key: str,
     on_conflict: OnConflict,
     now: datetime,
-) -> str:
-    """Decide the new run's claim (``holding`` or ``queued``), ending the holder if needed."""
-    from orchestration.closing import close_run
-
+) -> Decision:
+    """Decide the new run's claim (``holding`` or ``queued``) and whom it ousts."""
     current = holder(session, owner, key)
     if current is None:
-        return HOLDING
+        return Decision(ClaimState.HOLDING)
     if derive(settings, current, now) is Health.STALLED:
-        _stop_later(session, settings, dispatcher, current)
-        close_run(
-            session,
-            settings,
-            current.id,
-            RunStatus.INTERRUPTED,
-            stop_reason=StopReason.DISPLACED,
-            cause=f"concurrency key {key!r} taken over from a stalled holder",
-            now=now,
-            extra={"needs_review": True},
-            dispatcher=dispatcher,
-            promote=False,
+        return Decision(
+            ClaimState.HOLDING,
+            oust=Ousting(
+                current.id,
+                RunStatus.INTERRUPTED,
+                StopReason.DISPLACED,
+                f"concurrency key {key!r} taken over from a stalled holder",
+                displaced=True,
+            ),
         )
-        return HOLDING
     if on_conflict is OnConflict.REJECT:
         raise ConflictError(
             f"concurrency key {key!r} is held by run {current.id} ({current.status}); retry "
             "when it ends, or launch with on_conflict 'enqueue' or 'interrupt'"
         )
     if on_conflict is OnConflict.ENQUEUE:
-        return QUEUED
-    _stop_later(session, settings, dispatcher, current)
-    close_run(
-        session,
-        settings,
-        current.id,
-        RunStatus.CANCELLED,
-        stop_reason=StopReason.PREEMPTED,
-        cause=f"preempted by a new run on concurrency key {key!r}",
-        now=now,
-        extra={"cancel_requested_at": now},
-        dispatcher=dispatcher,
-        promote=False,
+        return Decision(ClaimState.QUEUED, holder_deadline=current.deadline_at)
+    return Decision(
+        ClaimState.HOLDING,
+        oust=Ousting(
+            current.id,
+            RunStatus.CANCELLED,
+            StopReason.PREEMPTED,
+            f"preempted by a new run on concurrency key {key!r}",
+            displaced=False,
+        ),
     )
-    return HOLDING
-
-
-def _stop_later(
-    session: Session, settings: Settings, dispatcher: Dispatcher | None, run: Run
-) -> None:
-    """After the ending commits, revoke the run's tasks and cancel its provider turns."""
-    now = utcnow()
-    lock_run(session, run.id, now)
-    task_ids = list(run.task_ids)
-    live = turns.live_turns(session, run)
-    if dispatcher is not None:
-        after_commit(session, lambda: dispatcher.revoke(task_ids, terminate=True))
-    turns.stop_later(session, settings, dispatcher, turns.pending(live), now)
-
-
-def release(
-    session: Session,
-    settings: Settings,
-    run_id: str,
-    *,
-    now: datetime,
-    dispatcher: Dispatcher | None,
-    promote: bool,
-) -> None:
-    """The run ended: pass its key to the oldest queued run (started after commit)."""
-    from orchestration import launching
-
-    run = session.get(Run, run_id)
-    if run is None or run.concurrency_key is None or not promote:
-        return
-    waiting = session.scalars(
-        select(Run)
-        .where(
-            Run.owner == run.owner,
-            Run.concurrency_key == run.concurrency_key,
-            Run.claim == QUEUED,
-            Run.status == RunStatus.QUEUED.value,
-        )
-        .order_by(Run.created_at, Run.id)
-        .limit(1)
-        .with_for_update()
-    ).first()
-    if waiting is None or holder(session, run.owner, run.concurrency_key) is not None:
-        return
-    launching.arm(session, settings, waiting, now=now, dispatcher=dispatcher, claim=HOLDING)
 
 
 def queued_deadline(

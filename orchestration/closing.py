@@ -1,35 +1,43 @@
-"""Ending a run: the run and its unfinished steps in one transaction, and its claim released.
+"""Ending a run: the one function every terminal path calls.
 
-Every terminal path (a step, ``cancel``, the sweeper, a displacing claim) ends a run here, so
-that none of them can forget the steps or the concurrency key's next run.
+A step's failure, a timeout, a park past its budget, ``cancel``, the sweeper and a displacing
+claim all end a run through :func:`end_run`, in the caller's transaction. It moves the run and
+its unfinished steps to their terminal statuses, records a stop for each provider turn that
+may be live, passes the concurrency key to the next queued run, and returns what has to
+happen after commit: the run's tasks revoked, the pending stops handed to the stop task, the
+promoted run's first segment sent. No path can forget one of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import claims
-from orchestration.dispatch import Dispatcher
+from orchestration import chains, claims, turns
+from orchestration.errors import RunNotFound
+from orchestration.followups import Followups
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import (
     RUN_TERMINAL,
     STEP_END_FOR_RUN_END,
     STEP_LIVE,
+    ClaimState,
     RunStatus,
     StepStatus,
     StopReason,
+    TurnStopStatus,
 )
-from orchestration.transitions import transition_run, transition_step
+from orchestration.transitions import lock_run, transition_run, transition_step
 
 _NOT_STARTED = {RunStatus.CANCELLED: StepStatus.CANCELLED}
 
 
-def close_run(
+def end_run(
     session: Session,
     settings: Settings,
     run_id: str,
@@ -42,27 +50,41 @@ def close_run(
     result: Any = None,
     step_error: str | None = None,
     extra: dict[str, Any] | None = None,
-    dispatcher: Dispatcher | None,
     promote: bool = True,
-) -> RunStatus:
+    revoke: bool = True,
+    stops: Sequence[turns.Stopped] | None = None,
+    stop_attempts: int = 0,
+    stop_turns: bool = True,
+) -> Followups:
     """Move the run to terminal ``to`` and each live step to its matching terminal status.
 
-    Returns the status the run left; raises ``IllegalTransition`` if it was already terminal
-    (the caller lost a race and must not act further). The run's concurrency claim passes to
-    the next queued run unless ``promote`` is false (a displacing run takes it instead).
+    Raises ``IllegalTransition`` if the run was already terminal (the caller lost a race and
+    must not act further). ``revoke`` is false when the caller is the run's own step task
+    (its chain stops with it). ``stops`` are provider cancels already tried (``cancel``
+    tries each once inline); without them every live turn's stop is pending, unless
+    ``stop_turns`` is false (the step ending its run saw its own turn end). The key passes
+    to the next queued run unless ``promote`` is false (a displacing run takes it instead).
     """
     assert to in RUN_TERMINAL
+    # The row lock first (an UPDATE: SQLite ignores FOR UPDATE), so the turns read below are
+    # the ones a starting step recorded before it let the row go.
+    lock_run(session, run_id, now)
+    run = session.get(Run, run_id, populate_existing=True)
+    if run is None:
+        raise RunNotFound(run_id)
     # Only a holder's end frees its key. A run queued behind the holder releases nothing, and
     # must not lock the holder's row after its own: the holder's end locks the holder, then the
     # queued run it promotes, and the opposite order deadlocks with it (PostgreSQL).
-    held = (
-        session.scalar(select(Run.claim).where(Run.id == run_id).with_for_update())
-        == claims.HOLDING
-    )
+    held = run.claim == ClaimState.HOLDING
+    task_ids = tuple(run.task_ids) if revoke else ()
+    if stops is not None:
+        tried = list(stops)
+    else:
+        tried = turns.pending(turns.live_turns(session, run)) if stop_turns else []
     values: dict[str, Any] = {"error": error, "claim": None, **(extra or {})}
     if result is not None:
         values["result"] = result
-    left = transition_run(
+    transition_run(
         session, run_id, to, cause=cause, now=now, stop_reason=stop_reason, values=values
     )
     live_steps = session.scalars(
@@ -81,7 +103,23 @@ def close_run(
             {"error": step_error} if step_error and target is not StepStatus.SKIPPED else {}
         )
         transition_step(session, step, target, cause=cause, now=now, values=step_values)
-    claims.release(
-        session, settings, run_id, now=now, dispatcher=dispatcher, promote=promote and held
+    for stopped in tried:
+        turns.record(session, stopped, now, attempts=stop_attempts)
+    then = Followups(
+        revoke=task_ids,
+        stops=tuple(
+            (s.turn.run_id, s.turn.index) for s in tried if s.status is TurnStopStatus.PENDING
+        ),
     )
-    return left
+    if promote and held and run.concurrency_key is not None:
+        then += _promote(session, settings, run, now)
+    return then
+
+
+def _promote(session: Session, settings: Settings, run: Run, now: datetime) -> Followups:
+    """The holder ended: pass its key to the oldest queued run (its chain sent after commit)."""
+    assert run.concurrency_key is not None
+    waiting = claims.first_queued(session, run.owner, run.concurrency_key, lock=True)
+    if waiting is None or claims.holder(session, run.owner, run.concurrency_key) is not None:
+        return Followups()
+    return chains.arm(session, settings, waiting, now=now, claim=ClaimState.HOLDING)

@@ -1,13 +1,13 @@
 """Engines, sessions and migrations.
 
-The caller owns the transaction: store and domain functions take a ``Session`` and never
-commit; a task body or an API call opens one :func:`session_scope`.
+The caller owns the transaction: domain functions take a ``Session`` and never commit; the
+executor (``orchestration.runtime.executor``) opens one :func:`session_scope` per call.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -121,20 +121,11 @@ def dispose_engines(*, after_fork: bool = False) -> None:
     _FACTORIES.clear()
 
 
-def after_commit(session: Session, action: Callable[[], object]) -> None:
-    """Run ``action`` once ``session`` has committed (e.g. send a chain whose rows it wrote).
-
-    If the process dies in between, the rows are durable and the sweeper does the sending.
-    """
-    session.info.setdefault("after_commit", []).append(action)
-
-
 @contextmanager
 def session_scope(url: str, *, lock_timeout: float | None = None) -> Iterator[Session]:
     """A session whose transaction commits when the block ends and rolls back on error.
 
-    Actions registered with :func:`after_commit` run after a successful commit; their errors
-    are logged, never raised: what they do is recovered by the sweeper. ``lock_timeout``
+    What should happen after the commit is the executor's (``runtime.executor``). ``lock_timeout``
     (seconds, PostgreSQL) makes a write that waits on a locked row fail instead of waiting:
     the sweeper uses it so that one frozen worker cannot hold up every run.
     """
@@ -149,13 +140,7 @@ def session_scope(url: str, *, lock_timeout: float | None = None) -> Iterator[Se
         session.rollback()
         raise
     finally:
-        actions = session.info.pop("after_commit", [])
         session.close()
-    for action in actions:
-        try:
-            action()
-        except Exception:
-            LOG.exception("after-commit action failed; the sweeper will recover it")
 
 
 def alembic_config(url: str) -> Config:

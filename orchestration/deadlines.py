@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from orchestration.models import Run
 from orchestration.settings import MARGIN_SECONDS, Settings, lock_release_seconds
 from orchestration.states import ParkReason, RunStatus
 
@@ -41,6 +42,35 @@ def slack_seconds(settings: Settings) -> float:
     the run's own row can hold it before the database aborts its transaction."""
     return (
         settings.sweep_interval + MARGIN_SECONDS + lock_release_seconds(settings.provider_timeout)
+    )
+
+
+def step_timeout_at(started_at: datetime | None, timeout: float) -> datetime | None:
+    """When a step attempt started at ``started_at`` times out (``None`` before it starts)."""
+    return None if started_at is None else started_at + _s(float(timeout))
+
+
+def for_run(
+    settings: Settings,
+    run: Run,
+    step_timeout: datetime | None,
+    *,
+    heartbeat_at: datetime,
+    status: RunStatus | None = None,
+    now: datetime | None = None,
+) -> datetime:
+    """The deadline of ``run`` as its row stands (in ``status``, default its own), with its
+    current step timing out at ``step_timeout``: every writer states it through here."""
+    return compute(
+        settings,
+        status or RunStatus(run.status),
+        heartbeat_at=heartbeat_at,
+        step_timeout_at=step_timeout,
+        park_reason=run.park_reason,
+        parked_since=run.parked_since,
+        waiting_until=run.waiting_until,
+        cancel_requested_at=run.cancel_requested_at,
+        now=now,
     )
 
 

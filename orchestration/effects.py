@@ -21,11 +21,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestration import bounds, providers, turns
-from orchestration.db import session_scope
 from orchestration.egress import entry_for, host_port
 from orchestration.errors import ProviderError
+from orchestration.followups import Done, Transact
 from orchestration.models import Checkpoint, Effect, Run, Step
-from orchestration.providers.http import allow_list, exchange
+from orchestration.providers.base import TurnRef
+from orchestration.providers.exchange import allow_list, exchange
 from orchestration.settings import Settings
 from orchestration.states import EffectStatus
 
@@ -85,31 +86,107 @@ class Progress:
     next_due: datetime | None
 
 
-def run_due(settings: Settings, run_id: str, index: int, attempt: int, now: datetime) -> Progress:
+def run_due(
+    transact: Transact, settings: Settings, run_id: str, index: int, attempt: int, now: datetime
+) -> Progress:
     """Run every due effect of the step attempt once; report where they stand."""
-    with session_scope(settings.database_url) as session:
-        due = [
-            (effect.pk, effect.kind, effect.attempts)
-            for effect in for_step(session, run_id, index, attempt)
-            if effect.status == EffectStatus.PENDING and effect.next_attempt_at <= now
-        ]
-    for pk, kind, attempts in due:
-        _attempt(settings, pk, kind, attempts, run_id, index, attempt, now)
-    with session_scope(settings.database_url) as session:
-        rows = for_step(session, run_id, index, attempt)
-        pending = [e for e in rows if e.status == EffectStatus.PENDING]
-        return Progress(
-            settled=not pending,
-            exhausted=[
-                f"{e.kind} effect failed {e.attempts} times: {e.last_error}"
-                for e in rows
-                if e.status == EffectStatus.EXHAUSTED
-            ],
-            next_due=min((e.next_attempt_at for e in pending), default=None),
+    due = transact(
+        lambda session: Done(
+            [
+                (effect.pk, effect.kind, effect.attempts)
+                for effect in for_step(session, run_id, index, attempt)
+                if effect.status == EffectStatus.PENDING and effect.next_attempt_at <= now
+            ]
         )
+    )
+    for pk, kind, attempts in due:
+        _attempt(transact, settings, pk, kind, attempts, run_id, index, attempt, now)
+    return transact(lambda session: Done(progress(session, run_id, index, attempt)))
+
+
+def progress(session: Session, run_id: str, index: int, attempt: int) -> Progress:
+    """Where the effects of one step attempt stand."""
+    rows = for_step(session, run_id, index, attempt)
+    pending = [e for e in rows if e.status == EffectStatus.PENDING]
+    return Progress(
+        settled=not pending,
+        exhausted=[
+            f"{e.kind} effect failed {e.attempts} times: {e.last_error}"
+            for e in rows
+            if e.status == EffectStatus.EXHAUSTED
+        ],
+        next_due=min((e.next_attempt_at for e in pending), default=None),
+    )
+
+
+def inline(settings: Settings) -> bool:
+    """Whether a finished turn's effects run in the execution that saw it finish, before the
+    transaction that completes the step: the checkpoint alone (a read of the provider) may;
+    a webhook goes through the outbox, so that an execution that lost its fence cannot post."""
+    return settings.webhook_url is None
+
+
+def capture(settings: Settings, provider_name: str, ref: TurnRef) -> tuple[Any, str | None]:
+    """One checkpoint attempt, outside any transaction: the state (redacted and bounded) and
+    the error, if any."""
+    try:
+        state = providers.get_provider(provider_name, settings).snapshot(ref)
+    except (ProviderError, httpx.HTTPError, ValueError) as exc:
+        return None, bounds.error_text(str(exc) or type(exc).__name__, settings)
+    state = bounds.json_value(state, settings)
+    return state, bounds.over(
+        state, settings.max_output_bytes, "the checkpoint", "ORCH_MAX_OUTPUT_BYTES"
+    )
+
+
+def record_capture(
+    session: Session,
+    settings: Settings,
+    step: Step,
+    captured: tuple[Any, str | None],
+    now: datetime,
+) -> Progress:
+    """Write an inline checkpoint attempt as its outbox row (done, or pending with its backoff
+    for the effects phase to retry, or exhausted) and say where the effects stand."""
+    state, error = captured
+    effect = Effect(
+        run_id=step.run_id,
+        step_index=step.index,
+        attempt=step.attempt,
+        kind=CHECKPOINT,
+        attempts=1,
+        max_attempts=settings.effect_attempts,
+        created_at=now,
+        updated_at=now,
+        **_after_attempt(settings, 0, error, now),
+    )
+    session.add(effect)
+    session.flush()
+    if error is None:
+        _store_checkpoint(session, step.run_id, step.index, step.attempt, state, now)
+    return progress(session, step.run_id, step.index, step.attempt)
+
+
+def _after_attempt(
+    settings: Settings, attempts: int, error: str | None, now: datetime
+) -> dict[str, Any]:
+    """An effect row's status, error and next attempt after attempt number ``attempts + 1``."""
+    if error is None:
+        return {"status": EffectStatus.DONE.value, "last_error": None, "next_attempt_at": now}
+    exhausted = attempts + 1 >= settings.effect_attempts
+    # Capped so a waiting run's next stamp never outlasts the heartbeat timeout.
+    backoff = min(
+        settings.effect_backoff * (2 ** min(attempts, 30)), settings.max_poll_interval_limit
+    )
+    return {
+        "status": (EffectStatus.EXHAUSTED if exhausted else EffectStatus.PENDING).value,
+        "last_error": error,
+        "next_attempt_at": now + timedelta(seconds=backoff),
+    }
 
 
 def _attempt(
+    transact: Transact,
     settings: Settings,
     pk: int,
     kind: str,
@@ -120,66 +197,61 @@ def _attempt(
     now: datetime,
 ) -> None:
     # Claim the attempt (compare-and-set on the count): a duplicate execution skips it.
-    with session_scope(settings.database_url) as session:
-        claimed = session.execute(
-            update(Effect)
-            .where(
-                Effect.pk == pk,
-                Effect.attempts == attempts,
-                Effect.status == EffectStatus.PENDING.value,
-            )
-            .values(attempts=attempts + 1, updated_at=now)
-        )
-        if claimed.rowcount != 1:  # type: ignore[attr-defined]
-            return
-        run = session.get(Run, run_id)
-        step = session.scalars(select(Step).where(Step.run_id == run_id, Step.index == index)).one()
-        assert run is not None
-        ref = turns.ref_for(run, step)
-        payload = {
-            "run_id": run_id,
-            "owner": run.owner,
-            "step_id": step.step_id,
-            "attempt": attempt,
-            "output": step.output,
-        }
-        provider_name = step.provider
+    claimed = transact(lambda session: Done(_claim(session, pk, attempts, run_id, index, now)))
+    if claimed is None:
+        return
+    provider_name, ref, payload = claimed
     error: str | None = None
     state: Any = None
-    try:
-        if kind == CHECKPOINT:
-            state = providers.get_provider(provider_name, settings).snapshot(ref)
-        else:
+    if kind == CHECKPOINT:
+        state, error = capture(settings, provider_name, ref)
+    else:
+        try:
             _post_webhook(settings, payload)
-    except (ProviderError, httpx.HTTPError, ValueError) as exc:
-        error = bounds.error_text(str(exc) or type(exc).__name__, settings)
-    if error is None and kind == CHECKPOINT:
-        # The snapshot is what a provider returned: redacted and bounded like an output.
-        state = bounds.json_value(state, settings)
-        error = bounds.over(
-            state, settings.max_output_bytes, "the checkpoint", "ORCH_MAX_OUTPUT_BYTES"
-        )
-    with session_scope(settings.database_url) as session:
-        if error is None:
-            if kind == CHECKPOINT:
-                _store_checkpoint(session, run_id, index, attempt, state, now)
-            values: dict[str, Any] = {"status": EffectStatus.DONE.value, "last_error": None}
-        else:
-            exhausted = attempts + 1 >= settings.effect_attempts
-            # Capped so a waiting run's next stamp never outlasts the heartbeat timeout.
-            backoff = min(
-                settings.effect_backoff * (2 ** min(attempts, 30)), settings.max_poll_interval_limit
-            )
-            values = {
-                "status": (EffectStatus.EXHAUSTED if exhausted else EffectStatus.PENDING).value,
-                "last_error": error,
-                "next_attempt_at": now + timedelta(seconds=backoff),
-            }
+        except (ProviderError, httpx.HTTPError, ValueError) as exc:
+            error = bounds.error_text(str(exc) or type(exc).__name__, settings)
+    values = _after_attempt(settings, attempts, error, now)
+    if error is None:
+        del values["next_attempt_at"]
+
+    def settle(session: Session) -> Done[None]:
+        if error is None and kind == CHECKPOINT:
+            _store_checkpoint(session, run_id, index, attempt, state, now)
         session.execute(
             update(Effect)
             .where(Effect.pk == pk, Effect.status == EffectStatus.PENDING.value)
             .values(updated_at=now, **values)
         )
+        return Done(None)
+
+    transact(settle)
+
+
+def _claim(
+    session: Session, pk: int, attempts: int, run_id: str, index: int, now: datetime
+) -> tuple[str, TurnRef, dict[str, Any]] | None:
+    claimed = session.execute(
+        update(Effect)
+        .where(
+            Effect.pk == pk,
+            Effect.attempts == attempts,
+            Effect.status == EffectStatus.PENDING.value,
+        )
+        .values(attempts=attempts + 1, updated_at=now)
+    )
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+        return None
+    run = session.get(Run, run_id)
+    step = session.scalars(select(Step).where(Step.run_id == run_id, Step.index == index)).one()
+    assert run is not None
+    payload = {
+        "run_id": run_id,
+        "owner": run.owner,
+        "step_id": step.step_id,
+        "attempt": step.attempt,
+        "output": step.output,
+    }
+    return step.provider, turns.ref_for(run, step), payload
 
 
 def _store_checkpoint(

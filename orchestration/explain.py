@@ -9,10 +9,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from orchestration import sweep_rules
 from orchestration.deadlines import heartbeat_expiry, park_expiry
 from orchestration.records import RunRecord, StepRecord
 from orchestration.settings import MARGIN_SECONDS, Settings
-from orchestration.states import Health, ParkReason, RunStatus
+from orchestration.states import ClaimState, Health, ParkReason, RunStatus
 
 
 def _ago(now: datetime, then: datetime | None) -> str:
@@ -48,31 +49,23 @@ def _next_poll(settings: Settings, due: datetime | None, now: datetime) -> str:
 def _stalled(
     settings: Settings, record: RunRecord, status: RunStatus, why: str, now: datetime
 ) -> tuple[str, str]:
-    """Why a stalled run is stalled, and which sweeper pass moves it."""
+    """Why a stalled run is stalled, and what the sweeper rule that owns it will do (the
+    rule table the sweeper itself runs)."""
     sweeper = f"the sweeper (every {settings.sweep_interval:g}s)"
-    if status is RunStatus.PARKED and record.parked_since is not None:
+    rule = sweep_rules.owner(settings, record, now)
+    move = f"{sweeper} {rule.says(settings, record)}" if rule else f"{sweeper} leaves it alone"
+    if rule is not None and rule.name == "parks_expired" and record.parked_since is not None:
         expiry = park_expiry(
             settings, record.park_reason, record.parked_since, record.waiting_until
         )
-        if now > expiry:
-            return (
-                f"{why}; STALLED: the park expired at {_at(expiry)}",
-                f"{sweeper} closes it timed_out (park_expired)",
-            )
+        return f"{why}; STALLED: the park expired at {_at(expiry)}", move
     beat = record.heartbeat_at or record.created_at
     why = (
         f"{why}; STALLED: no heartbeat since {_at(beat)} (dead since "
         + _at(heartbeat_expiry(settings, beat))
         + ")"
     )
-    if status is RunStatus.CANCELLING:
-        return why, f"{sweeper} enforces the cancel once the grace is over"
-    if record.rearms >= settings.max_rearms:
-        return why, f"{sweeper} closes it interrupted (heartbeat_lost): re-arms are used up"
-    return why, (
-        f"{sweeper} re-arms it ({record.rearms}/{settings.max_rearms} re-arms used; "
-        "then it is closed interrupted)"
-    )
+    return why, move
 
 
 def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, Any]:
@@ -112,7 +105,7 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
             f"the step honours it at its next execution; otherwise the sweeper enforces it "
             f"once the grace ends ({_at(grace)}) and the heartbeat is dead"
         )
-    elif status is RunStatus.QUEUED and record.claim == "queued":
+    elif status is RunStatus.QUEUED and record.claim == ClaimState.QUEUED:
         why = f"it waits for concurrency key {record.concurrency_key!r}, held by another run"
         next_move = "it starts when the holder ends (any terminal path, or the sweeper)"
     elif status is RunStatus.WAITING:

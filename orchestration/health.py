@@ -8,27 +8,52 @@ heartbeat or a park past its budget. ``ended``: terminal.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Protocol
 
 from orchestration.deadlines import heartbeat_expiry, park_expiry
-from orchestration.models import Run
 from orchestration.settings import Settings
-from orchestration.states import RUN_TERMINAL, Health, ParkReason, RunStatus
+from orchestration.states import RUN_TERMINAL, ClaimState, Health, ParkReason, RunStatus
 
 
-def heartbeat_dead(settings: Settings, run: Run, now: datetime) -> bool:
+class RunView(Protocol):
+    """The columns health and the sweeper's rules read (a ``Run`` row, or a ``RunRecord``)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def heartbeat_at(self) -> datetime | None: ...
+    @property
+    def cancel_requested_at(self) -> datetime | None: ...
+    @property
+    def deadline_at(self) -> datetime | None: ...
+    @property
+    def claim(self) -> str | None: ...
+    @property
+    def park_reason(self) -> str | None: ...
+    @property
+    def parked_since(self) -> datetime | None: ...
+    @property
+    def waiting_until(self) -> datetime | None: ...
+    @property
+    def rearms(self) -> int: ...
+
+
+def heartbeat_dead(settings: Settings, run: RunView, now: datetime) -> bool:
     """True when the run's last stamp is older than ``ORCH_HEARTBEAT_TIMEOUT``."""
     stamp = run.heartbeat_at or run.created_at
     return now > heartbeat_expiry(settings, stamp)
 
 
-def park_expired(settings: Settings, run: Run, now: datetime) -> bool:
+def park_expired(settings: Settings, run: RunView, now: datetime) -> bool:
     """True when a parked run is past its budget and any ``waiting_until``."""
     if run.status != RunStatus.PARKED or run.parked_since is None:
         return False
     return now > park_expiry(settings, run.park_reason, run.parked_since, run.waiting_until)
 
 
-def derive(settings: Settings, run: Run, now: datetime) -> Health:
+def derive(settings: Settings, run: RunView, now: datetime) -> Health:
     """The health of ``run`` at ``now``."""
     status = RunStatus(run.status)
     if status in RUN_TERMINAL:
@@ -39,7 +64,7 @@ def derive(settings: Settings, run: Run, now: datetime) -> Health:
         if run.park_reason != ParkReason.HUMAN and heartbeat_dead(settings, run, now):
             return Health.STALLED
         return Health.WAITING
-    if status is RunStatus.QUEUED and run.claim == "queued":
+    if status is RunStatus.QUEUED and run.claim == ClaimState.QUEUED:
         # Waiting behind the holder of its concurrency key; it is moved when the holder ends.
         return Health.WAITING
     return Health.STALLED if heartbeat_dead(settings, run, now) else Health.WORKING

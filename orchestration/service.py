@@ -19,12 +19,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import cancellation, claims, launching, summaries
-from orchestration.db import check_ready, session_scope, utcnow
-from orchestration.dispatch import Dispatcher, client_dispatcher
+from orchestration import cancellation, chains, claims, launching, summaries
+from orchestration.db import check_ready, utcnow
 from orchestration.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
+from orchestration.followups import Done
 from orchestration.models import Run, RunEvent, Step
 from orchestration.records import RunRecord, to_record
+from orchestration.runtime.celery_queue import client_queue
+from orchestration.runtime.executor import Executor, TaskQueue
 from orchestration.settings import Settings, get_settings
 from orchestration.states import (
     RUN_TERMINAL,
@@ -47,12 +49,14 @@ class Orchestrator:
     def __init__(
         self,
         settings: Settings,
-        dispatcher: Dispatcher | None,
+        queue: TaskQueue | None,
         *,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.settings = settings
-        self.dispatcher = dispatcher
+        #: Every write goes through it: one transaction, then the chain sent, the tasks
+        #: revoked and the provider stops handed off (``None``: nothing is sent).
+        self.transact = Executor(settings, queue)
         self.clock = clock
 
     @classmethod
@@ -60,13 +64,14 @@ class Orchestrator:
         """Settings from ``ORCH_*``, sending through the configured broker."""
         settings = get_settings()
         check_ready(settings.database_url)
-        return cls(settings, client_dispatcher(settings))
+        return cls(settings, client_queue(settings))
 
     # -- reads -----------------------------------------------------------------------------
     def get(self, run_id: str, *, owner: str) -> RunRecord:
         """The run record. Raises :class:`RunNotFound` (also for another owner's run)."""
-        with session_scope(self.settings.database_url) as session:
-            return self._record(session, self._owned(session, run_id, owner))
+        return self.transact(
+            lambda session: Done(self._record(session, self._owned(session, run_id, owner)))
+        )
 
     def list(
         self,
@@ -93,17 +98,21 @@ class Orchestrator:
             )
         if not 1 <= limit <= MAX_PAGE:
             raise ValidationError("limit", f"must be between 1 and {MAX_PAGE}")
-        with session_scope(self.settings.database_url) as session:
-            return summaries.listing(
-                session,
-                self.settings,
-                owner=owner,
-                now=self.clock(),
-                status=status,
-                health=health,
-                limit=limit,
-                before=before,
+        now = self.clock()
+        return self.transact(
+            lambda session: Done(
+                summaries.listing(
+                    session,
+                    self.settings,
+                    owner=owner,
+                    now=now,
+                    status=status,
+                    health=health,
+                    limit=limit,
+                    before=before,
+                )
             )
+        )
 
     def explain(self, run_id: str, *, owner: str) -> dict[str, Any]:
         """Why the run is where it is, what moves it next and its ``deadline_at``."""
@@ -113,22 +122,7 @@ class Orchestrator:
 
     def events(self, run_id: str, *, owner: str) -> builtins.list[dict[str, Any]]:
         """The run's journal, oldest first."""
-        with session_scope(self.settings.database_url) as session:
-            self._owned(session, run_id, owner)
-            rows = session.scalars(
-                select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
-            ).all()
-            return [
-                {
-                    "step_id": row.step_id,
-                    "from": row.from_status,
-                    "to": row.to_status,
-                    "cause": row.cause,
-                    "stop_reason": row.stop_reason,
-                    "at": row.at,
-                }
-                for row in rows
-            ]
+        return self.transact(lambda session: Done(self._journal(session, run_id, owner)))
 
     # -- writes ----------------------------------------------------------------------------
     def launch(
@@ -155,8 +149,8 @@ class Orchestrator:
                 "on_conflict", f"must be one of {[p.value for p in claims.OnConflict]}"
             ) from None
         run_id = launching.launch(
+            self.transact,
             self.settings,
-            self.dispatcher,
             workflow,
             args,
             owner=owner,
@@ -171,15 +165,14 @@ class Orchestrator:
         """Cancel the run. Returns the terminal ``cancelled`` record (or the run unchanged if it
         had already ended). With ``graceful``, only the request is recorded: the step honours
         it at its next execution, and the sweeper enforces it after ``ORCH_CANCEL_GRACE``."""
-        with session_scope(self.settings.database_url) as session:
-            self._owned(session, run_id, owner)
+        self.transact(lambda session: Done(self._owned(session, run_id, owner)))
         requested = cancellation.request(
-            self.settings, run_id, now=self.clock(), by=f"owner {owner}"
+            self.transact, self.settings, run_id, now=self.clock(), by=f"owner {owner}"
         )
         if requested and not graceful:
             cancellation.finish(
+                self.transact,
                 self.settings,
-                self.dispatcher,
                 run_id,
                 now=self.clock(),
                 stop_reason=StopReason.CANCEL_REQUESTED,
@@ -204,56 +197,76 @@ class Orchestrator:
                 f"({self.settings.max_args_bytes})",
             )
         now = self.clock()
-        with session_scope(self.settings.database_url) as session:
-            run = self._owned(session, run_id, owner)
-            step = session.scalars(
-                select(Step).where(Step.run_id == run_id, Step.step_id == step_id)
-            ).first()
-            if step is None:
-                raise ValidationError("step", f"run {run_id} has no step {step_id!r}")
-            # Lock the row, then check: only a run parked for a human with no cancel resumes.
-            locked = touch_run(session, run_id, now)
-            session.refresh(run)
-            session.refresh(step)
-            if not locked or not (
-                run.status == RunStatus.PARKED
-                and run.park_reason == ParkReason.HUMAN
-                and step.status == StepStatus.PARKED
-                and run.cancel_requested_at is None
-            ):
-                raise ConflictError(
-                    f"run {run_id} is {run.status}, not waiting for an answer at step {step_id!r}"
-                )
-            attempt = step.attempt + 1
-            transition_step(
-                session,
-                step,
-                StepStatus.RUNNING,
-                cause="answered by a human",
-                now=now,
-                values={
-                    "attempt": attempt,
-                    "answer": value,
-                    "prompt": None,
-                    "provider_run_id": None,
-                    "idempotency_key": launching.idempotency_key(run_id, step_id, attempt),
-                    "started_at": now,
-                    "error": None,
-                },
-            )
-            transition_run(
-                session,
-                run_id,
-                RunStatus.RUNNING,
-                cause=f"answered at step {step_id}",
-                now=now,
-                values={"park_reason": None, "parked_since": None, "waiting_until": None},
-            )
-            session.refresh(run)
-            launching.arm(session, self.settings, run, now=now, dispatcher=self.dispatcher)
+        self.transact(lambda session: self._resume(session, run_id, step_id, value, owner, now))
         return self.get(run_id, owner=owner)
 
     # -- helpers ---------------------------------------------------------------------------
+    def _journal(self, session: Session, run_id: str, owner: str) -> builtins.list[dict[str, Any]]:
+        self._owned(session, run_id, owner)
+        rows = session.scalars(
+            select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
+        ).all()
+        return [
+            {
+                "step_id": row.step_id,
+                "from": row.from_status,
+                "to": row.to_status,
+                "cause": row.cause,
+                "stop_reason": row.stop_reason,
+                "at": row.at,
+            }
+            for row in rows
+        ]
+
+    def _resume(
+        self, session: Session, run_id: str, step_id: str, value: Any, owner: str, now: datetime
+    ) -> Done[None]:
+        run = self._owned(session, run_id, owner)
+        step = session.scalars(
+            select(Step).where(Step.run_id == run_id, Step.step_id == step_id)
+        ).first()
+        if step is None:
+            raise ValidationError("step", f"run {run_id} has no step {step_id!r}")
+        # Lock the row, then check: only a run parked for a human with no cancel resumes.
+        locked = touch_run(session, run_id, now)
+        session.refresh(run)
+        session.refresh(step)
+        if not locked or not (
+            run.status == RunStatus.PARKED
+            and run.park_reason == ParkReason.HUMAN
+            and step.status == StepStatus.PARKED
+            and run.cancel_requested_at is None
+        ):
+            raise ConflictError(
+                f"run {run_id} is {run.status}, not waiting for an answer at step {step_id!r}"
+            )
+        attempt = step.attempt + 1
+        transition_step(
+            session,
+            step,
+            StepStatus.RUNNING,
+            cause="answered by a human",
+            now=now,
+            values={
+                "attempt": attempt,
+                "answer": value,
+                "prompt": None,
+                "provider_run_id": None,
+                "idempotency_key": launching.idempotency_key(run_id, step_id, attempt),
+                "started_at": now,
+                "error": None,
+            },
+        )
+        transition_run(
+            session,
+            run_id,
+            RunStatus.RUNNING,
+            cause=f"answered at step {step_id}",
+            now=now,
+            values={"park_reason": None, "parked_since": None, "waiting_until": None},
+        )
+        return Done(None, chains.arm(session, self.settings, run, now=now))
+
     @staticmethod
     def _owned(session: Session, run_id: str, owner: str) -> Run:
         if not isinstance(run_id, str) or len(run_id) > 64:

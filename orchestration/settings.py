@@ -11,22 +11,19 @@ import os
 import re
 import signal
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
-from kombu.transport import TRANSPORT_ALIASES, resolve_transport
 from pydantic import Field, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
-from orchestration.db import missing_driver_hint, normalize_url
 from orchestration.egress import AllowList
 from orchestration.errors import ConfigurationError
 from orchestration.secret_declarations import declared, decode_declared
+from orchestration.url_checks import check_broker_url, check_database_url, check_web_url
 
 #: Slack added to bounds that depend on two clocks and a queue (seconds).
 MARGIN_SECONDS = 2.0
@@ -34,7 +31,6 @@ MARGIN_SECONDS = 2.0
 #: must stay a valid date, and ``timedelta`` overflows long before a float does.
 MAX_SECONDS = 10 * 365.25 * 86400
 #: The databases the engine's SQL is written and tested for.
-DATABASES = ("sqlite", "postgresql")
 #: Queue names that RabbitMQ, Redis and SQS all accept; ``amq.`` is reserved by RabbitMQ.
 QUEUE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
 #: Owners, like request ids and concurrency keys: 1-200 printable ASCII characters.
@@ -157,27 +153,7 @@ class Settings(BaseSettings):
     @field_validator("broker_url")
     @classmethod
     def _broker_url(cls, value: str) -> str:
-        # kombu takes a ``;``-separated failover list, and ``TRANSPORT+URL`` (``sqla+…``).
-        for url in value.split(";"):
-            scheme, separator, _ = url.strip().partition("://")
-            if not separator:
-                raise ValueError(
-                    "is not a broker URL; expected TRANSPORT://…, e.g. "
-                    "redis://127.0.0.1:6379/0 or amqp://guest@127.0.0.1:5672//"
-                )
-            transport = scheme.split("+", 1)[0]
-            if transport not in TRANSPORT_ALIASES:
-                raise ValueError(
-                    f"unknown broker transport {transport!r}; expected one of "
-                    + ", ".join(sorted(name for name in TRANSPORT_ALIASES if name.islower()))
-                )
-            try:
-                resolve_transport(transport)
-            except ImportError as exc:
-                raise ValueError(
-                    f"the {transport!r} transport needs the {exc.name!r} module, which is not "
-                    "installed (see kombu's documentation for its extra)"
-                ) from None
+        check_broker_url(value)
         return value
 
     @field_validator("queue")
@@ -200,18 +176,8 @@ class Settings(BaseSettings):
     @field_validator("webhook_url")
     @classmethod
     def _webhook_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        try:
-            parts = urlsplit(value)
-            web = parts.scheme in ("http", "https") and bool(parts.hostname)
-        except ValueError:  # e.g. an unclosed ``[`` IPv6 literal
-            web = False
-        if not web or any(char.isspace() or not char.isprintable() for char in value):
-            raise ValueError(
-                "must be an http:// or https:// URL with a host, e.g. "
-                "https://hooks.example.com/orchestration"
-            )
+        if value is not None:
+            check_web_url(value)
         return value
 
     @field_validator("revoke_signal")
@@ -348,49 +314,6 @@ def lock_release_seconds(provider_timeout: float) -> float:
     holds the run row so that a cancel cannot slip in), so the bound is that call plus margin.
     """
     return provider_timeout + MARGIN_SECONDS
-
-
-def check_database_url(value: str) -> URL:
-    """Refuse a database URL the engine cannot use, saying what would work; the parsed URL
-    (with the project's default driver) otherwise.
-
-    A SQLite file whose folder is missing is fine when the folder can be created (the engine
-    creates it, see :func:`orchestration.db.get_engine`).
-    """
-    expected = "expected sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
-    try:
-        url = make_url(normalize_url(value))
-    except (ArgumentError, ValueError):
-        raise ValueError(f"is not a database URL; {expected}") from None
-    if url.get_backend_name() not in DATABASES:
-        raise ValueError(f"{url.get_backend_name()!r} is not a supported database; {expected}")
-    try:
-        dialect = url.get_dialect()
-    except NoSuchModuleError:
-        raise ValueError(
-            f"{url.drivername!r} is not a known SQLAlchemy driver; {expected}"
-        ) from None
-    if dialect.is_async:
-        raise ValueError(f"{url.drivername!r} is an asyncio driver; {expected}")
-    try:
-        dialect.import_dbapi()
-    except ImportError as exc:
-        raise ValueError(missing_driver_hint(dialect.driver, exc)) from None
-    if url.get_backend_name() == "sqlite":
-        _check_sqlite_folder(url.database)
-    return url
-
-
-def _check_sqlite_folder(database: str | None) -> None:
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return
-    folder = Path(database).absolute().parent
-    existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
-    if existing != folder and not (existing.is_dir() and os.access(existing, os.W_OK)):
-        raise ValueError(
-            f"the SQLite file's folder {str(folder)!r} does not exist and cannot be created "
-            f"({str(existing)!r} is not a writable folder)"
-        )
 
 
 def _problem(error: ErrorDetails) -> str:

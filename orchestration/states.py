@@ -123,6 +123,16 @@ class EffectStatus(StrEnum):
     EXHAUSTED = "exhausted"
 
 
+class ClaimState(StrEnum):
+    """Where a run stands on its concurrency key (``runs.claim``; ``NULL`` without a key, or
+    once the run has ended)."""
+
+    #: The one active run of (owner, key), enforced by a unique partial index.
+    HOLDING = "holding"
+    #: Waiting for the holder to end; started by the holder's end or the sweeper.
+    QUEUED = "queued"
+
+
 class TurnStopStatus(StrEnum):
     """Where the provider cancel of an ended step's turn is (``steps.turn_stop``)."""
 

@@ -23,7 +23,14 @@ from sqlalchemy.orm import Session
 
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
-from orchestration.states import RUN_LIVE, RUN_TERMINAL, Health, ParkReason, RunStatus
+from orchestration.states import (
+    RUN_LIVE,
+    RUN_TERMINAL,
+    ClaimState,
+    Health,
+    ParkReason,
+    RunStatus,
+)
 
 #: Characters of a run's error a summary carries; the full text is on the record.
 ERROR_CHARS = 200
@@ -145,7 +152,7 @@ def health_expression(settings: Settings, now: datetime) -> ColumnElement[str]:
         (and_(parked, or_(park_expired, polled_park_dead)), literal(Health.STALLED.value)),
         (parked, literal(Health.WAITING.value)),
         (
-            and_(Run.status == RunStatus.QUEUED.value, Run.claim == "queued"),
+            and_(Run.status == RunStatus.QUEUED.value, Run.claim == ClaimState.QUEUED.value),
             literal(Health.WAITING.value),
         ),
         (heartbeat_dead, literal(Health.STALLED.value)),

@@ -4,7 +4,8 @@ It reads only live runs (through the partial index ``ix_runs_live``), so its cos
 live runs, not history. Every action is a compare-and-set, so a pass is idempotent and two
 beats running at once close each run once. ``now`` is a parameter: tests pass the clock.
 
-Passes, per live run, first match wins:
+Rules, per live run, first owner decides (the table is ``sweep_rules.RULES``, which
+``explain`` reads too):
 
 1. cancel enforcement: ``cancelling`` past ``ORCH_CANCEL_GRACE`` with a dead heartbeat;
 2. claim promotion: a run queued behind a key whose holder is gone gets the key;
@@ -28,16 +29,16 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from orchestration import cancellation, claims, deadlines, health, launching, turns
-from orchestration.closing import close_run
-from orchestration.db import after_commit, session_scope, utcnow
-from orchestration.dispatch import Dispatcher
+from orchestration import cancellation, chains, claims, closing, deadlines, sweep_rules
+from orchestration.db import utcnow
 from orchestration.errors import IllegalTransition
+from orchestration.followups import Done, Transact
 from orchestration.models import Run, Step, SweeperBeat
 from orchestration.settings import Settings
 from orchestration.states import (
     RUN_LIVE,
     RUN_TERMINAL,
+    ClaimState,
     ParkReason,
     RunStatus,
     StepStatus,
@@ -55,12 +56,12 @@ class Sweeper:
     def __init__(
         self,
         settings: Settings,
-        dispatcher: Dispatcher | None,
+        transact: Transact,
         *,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.settings = settings
-        self.dispatcher = dispatcher
+        self.transact = transact
         self.clock = clock
         #: How long a sweeper write waits on a locked row before it skips that run for this
         #: pass (PostgreSQL): a worker frozen mid-transaction must not hold up every run.
@@ -87,11 +88,7 @@ class Sweeper:
             "busy": 0,
             "errors": 0,
         }
-        with session_scope(self.settings.database_url) as session:
-            live = session.scalars(
-                select(Run).where(Run.status.in_([s.value for s in RUN_LIVE]))
-            ).all()
-            session.expunge_all()
+        live = self.transact(_live_runs)
         report["live"] = len(live)
         for run in live:
             try:
@@ -113,84 +110,76 @@ class Sweeper:
         return report
 
     def _one(self, run: Run, now: datetime) -> str | None:
-        status = RunStatus(run.status)
-        dead = health.heartbeat_dead(self.settings, run, now)
-        if status is RunStatus.CANCELLING:
-            grace_over = run.cancel_requested_at is not None and (
-                (now - run.cancel_requested_at).total_seconds() > self.settings.cancel_grace
-            )
-            if grace_over and dead:
-                done = cancellation.finish(
-                    self.settings,
-                    self.dispatcher,
-                    run.id,
-                    now=now,
-                    stop_reason=StopReason.CANCEL_ENFORCED,
-                    cause="cancel enforced by the sweeper: grace over and heartbeat dead",
-                    revoke=True,
-                    lock_timeout=self.lock_timeout,
-                    inline=False,
-                )
-                return "cancels_enforced" if done else None
+        """Apply the first rule of ``sweep_rules.RULES`` that owns the run, if it is due."""
+        rule = sweep_rules.owner(self.settings, run, now)
+        if rule is None or not rule.due(self.settings, run, now):
             return None
-        if status is RunStatus.QUEUED and run.claim == claims.QUEUED:
-            return self._queued_behind(run, now)
-        if health.park_expired(self.settings, run, now):
-            done = self._close(
-                run,
-                now,
-                RunStatus.TIMED_OUT,
-                StopReason.PARK_EXPIRED,
-                f"{run.park_reason} park ran past its budget (sweeper)",
-                still=lambda fresh: health.park_expired(self.settings, fresh, now),
-            )
-            return "parks_expired" if done else None
-        if dead and not (status is RunStatus.PARKED and run.park_reason == ParkReason.HUMAN):
-            if run.rearms >= self.settings.max_rearms:
-                done = self._close(
-                    run,
-                    now,
-                    RunStatus.INTERRUPTED,
-                    StopReason.HEARTBEAT_LOST,
-                    f"heartbeat dead after {run.rearms} re-arms (sweeper)",
-                    still=lambda fresh: health.heartbeat_dead(self.settings, fresh, now),
-                )
-                return "interrupted" if done else None
-            return "rearmed" if self._rearm(run, now) else None
+        done = getattr(self, f"_{rule.name}")(run, rule, now)
+        if isinstance(done, str) or done is None:
+            return done
+        return rule.name if done else None
+
+    def _cancels_enforced(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
+        return cancellation.finish(
+            self.transact,
+            self.settings,
+            run.id,
+            now=now,
+            stop_reason=StopReason.CANCEL_ENFORCED,
+            cause="cancel enforced by the sweeper: grace over and heartbeat dead",
+            revoke=True,
+            lock_timeout=self.lock_timeout,
+            inline=False,
+        )
+
+    def _promoted(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> str | None:
+        return self._queued_behind(run, now)
+
+    def _parks_expired(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
+        return self._close(
+            run, rule, now, RunStatus.TIMED_OUT, StopReason.PARK_EXPIRED,
+            f"{run.park_reason} park ran past its budget (sweeper)",
+        )  # fmt: skip
+
+    def _interrupted(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
+        return self._close(
+            run, rule, now, RunStatus.INTERRUPTED, StopReason.HEARTBEAT_LOST,
+            f"heartbeat dead after {run.rearms} re-arms (sweeper)",
+        )  # fmt: skip
+
+    def _rearmed(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
+        return self._rearm(run, now)
+
+    def _deadlines_exceeded(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         # The backstop: a live run past the deadline it stated, with a fresh heartbeat, is one
         # whose own bound (a step timeout) went unenforced, e.g. behind an overloaded worker.
-        if _past_deadline(run, now):
-            done = self._close(
-                run,
-                now,
-                RunStatus.TIMED_OUT,
-                StopReason.DEADLINE_EXCEEDED,
-                "run passed its deadline_at and nothing had ended it (sweeper)",
-                still=lambda fresh: _past_deadline(fresh, now),
-            )
-            return "deadlines_exceeded" if done else None
-        return None
+        return self._close(
+            run, rule, now, RunStatus.TIMED_OUT, StopReason.DEADLINE_EXCEEDED,
+            "run passed its deadline_at and nothing had ended it (sweeper)",
+        )  # fmt: skip
 
     def _close(
         self,
         run: Run,
+        rule: sweep_rules.Rule,
         now: datetime,
         to: RunStatus,
         reason: StopReason,
         cause: str,
-        *,
-        still: Callable[[Run], bool],
     ) -> bool:
-        """Close the run if ``still`` holds for its fresh, locked row (the pass read a snapshot;
-        a step may have moved the run since). Returns whether it closed it."""
-        with session_scope(self.settings.database_url, lock_timeout=self.lock_timeout) as session:
+        """Close the run if ``rule`` still owns its fresh, locked row (the pass read a
+        snapshot; a step may have moved the run since). Returns whether it closed it.
+        Provider cancels never run in a pass (one hanging provider must not hold it): they
+        are handed off."""
+
+        def close(session: Session) -> Done[bool]:
             lock_run(session, run.id, now)
             current = session.get(Run, run.id, populate_existing=True)
-            if current is None or current.status in RUN_TERMINAL or not still(current):
-                return False
-            live = turns.live_turns(session, current)
-            task_ids = list(current.task_ids)
-            close_run(
+            if current is None or current.status in RUN_TERMINAL:
+                return Done(False)
+            if sweep_rules.owner(self.settings, current, now) is not rule:
+                return Done(False)
+            then = closing.end_run(
                 session,
                 self.settings,
                 run.id,
@@ -199,15 +188,10 @@ class Sweeper:
                 cause=cause,
                 now=now,
                 error=cause,
-                dispatcher=self.dispatcher,
             )
+            return Done(True, then)
 
-            # Provider cancels never run in a pass: one hanging provider must not hold it.
-            turns.stop_later(session, self.settings, self.dispatcher, turns.pending(live), now)
-            if self.dispatcher is not None:
-                dispatcher = self.dispatcher
-                after_commit(session, lambda: dispatcher.revoke(task_ids, terminate=True))
-        return True
+        return self.transact(close, lock_timeout=self.lock_timeout)
 
     def _rearm(self, run: Run, now: datetime) -> bool:
         """Re-dispatch the run's chain from its current step. A compare-and-set on the re-arm
@@ -218,7 +202,8 @@ class Sweeper:
             if run.heartbeat_at is None
             else Run.heartbeat_at == run.heartbeat_at
         )
-        with session_scope(self.settings.database_url, lock_timeout=self.lock_timeout) as session:
+
+        def rearm(session: Session) -> Done[bool]:
             claimed = session.execute(
                 update(Run)
                 .where(
@@ -230,7 +215,7 @@ class Sweeper:
                 .values(rearms=run.rearms + 1, heartbeat_at=now, updated_at=now)
             )
             if claimed.rowcount != 1:  # type: ignore[attr-defined]
-                return False
+                return Done(False)
             current = session.get(Run, run.id, populate_existing=True)
             assert current is not None
             if current.status == RunStatus.RUNNING:
@@ -249,8 +234,9 @@ class Sweeper:
                 )
                 self._park_step(session, run.id, now)
                 session.refresh(current)
-            launching.arm(session, self.settings, current, now=now, dispatcher=self.dispatcher)
-        return True
+            return Done(True, chains.arm(session, self.settings, current, now=now))
+
+        return self.transact(rearm, lock_timeout=self.lock_timeout)
 
     @staticmethod
     def _park_step(session: Session, run_id: str, now: datetime) -> None:
@@ -265,8 +251,10 @@ class Sweeper:
     def _queued_behind(self, run: Run, now: datetime) -> str | None:
         """Refresh the deadline of a run waiting for its key; promote it if the key is free."""
         assert run.concurrency_key is not None
-        with session_scope(self.settings.database_url, lock_timeout=self.lock_timeout) as session:
-            holder = claims.holder(session, run.owner, run.concurrency_key)
+        key = run.concurrency_key
+
+        def promote(session: Session) -> Done[str | None]:
+            holder = claims.holder(session, run.owner, key)
             if holder is not None:
                 touch_run(
                     session,
@@ -274,18 +262,8 @@ class Sweeper:
                     now,
                     deadline_at=claims.queued_deadline(self.settings, holder.deadline_at, now),
                 )
-                return None
-            first = session.scalars(
-                select(Run)
-                .where(
-                    Run.owner == run.owner,
-                    Run.concurrency_key == run.concurrency_key,
-                    Run.claim == claims.QUEUED,
-                    Run.status == RunStatus.QUEUED.value,
-                )
-                .order_by(Run.created_at, Run.id)
-                .limit(1)
-            ).first()
+                return Done(None)
+            first = claims.first_queued(session, run.owner, key)
             if first is None or first.id != run.id:
                 touch_run(
                     session,
@@ -295,16 +273,11 @@ class Sweeper:
                         self.settings, RunStatus.QUEUED, heartbeat_at=now
                     ),
                 )
-                return None
-            launching.arm(
-                session,
-                self.settings,
-                first,
-                now=now,
-                dispatcher=self.dispatcher,
-                claim=claims.HOLDING,
-            )
-        return "promoted"
+                return Done(None)
+            then = chains.arm(session, self.settings, first, now=now, claim=ClaimState.HOLDING)
+            return Done("promoted", then)
+
+        return self.transact(promote, lock_timeout=self.lock_timeout)
 
     def _stamp(self, now: datetime, report: dict[str, Any]) -> None:
         try:
@@ -315,33 +288,36 @@ class Sweeper:
             LOG.warning("sweeper liveness row is locked; the next pass stamps it")
 
     def _write_stamp(self, now: datetime, report: dict[str, Any]) -> None:
-        with session_scope(self.settings.database_url, lock_timeout=self.lock_timeout) as session:
-            beat = session.get(SweeperBeat, SWEEPER_NAME, with_for_update=True)
-            if beat is None:
-                session.add(
-                    SweeperBeat(
-                        name=SWEEPER_NAME,
-                        last_pass_at=now,
-                        passes=1,
-                        last_pass_seconds=report["seconds"],
-                        last_report=report,
-                    )
-                )
-            else:
-                beat.last_pass_at = max(beat.last_pass_at, now)
-                beat.passes += 1
-                beat.last_pass_seconds = report["seconds"]
-                beat.last_report = report
+        self.transact(
+            lambda session: _write_beat(session, now, report), lock_timeout=self.lock_timeout
+        )
+
+
+def _write_beat(session: Session, now: datetime, report: dict[str, Any]) -> Done[None]:
+    beat = session.get(SweeperBeat, SWEEPER_NAME, with_for_update=True)
+    if beat is None:
+        session.add(
+            SweeperBeat(
+                name=SWEEPER_NAME,
+                last_pass_at=now,
+                passes=1,
+                last_pass_seconds=report["seconds"],
+                last_report=report,
+            )
+        )
+    else:
+        beat.last_pass_at = max(beat.last_pass_at, now)
+        beat.passes += 1
+        beat.last_pass_seconds = report["seconds"]
+        beat.last_report = report
+    return Done(None)
 
 
 def _past_deadline(run: Run, now: datetime) -> bool:
     return run.deadline_at is not None and now > run.deadline_at
 
 
-def last_pass(settings: Settings) -> SweeperBeat | None:
-    """The sweeper's liveness row (``None`` before its first pass)."""
-    with session_scope(settings.database_url) as session:
-        beat = session.get(SweeperBeat, SWEEPER_NAME)
-        if beat is not None:
-            session.expunge(beat)
-        return beat
+def _live_runs(session: Session) -> Done[list[Run]]:
+    live = list(session.scalars(select(Run).where(Run.status.in_([s.value for s in RUN_LIVE]))))
+    session.expunge_all()
+    return Done(live)

@@ -3,7 +3,7 @@
 Stopping a turn is a provider call to a service the workflow named, so it may hang. It never
 runs inside a sweeper pass or a step's transaction: a closing writer records the stop as
 ``pending`` on the step (``steps.turn_stop``) and, after its commit, hands it to the
-``stop_turn`` task, which calls the provider with its hard bound and retries a bounded number
+stop task, which calls the provider with its hard bound and retries a bounded number
 of times. ``cancel`` alone tries each turn once inline, within ``ORCH_CANCEL_CALL_TIMEOUT`` for
 all of them together, so that a well-behaved provider has stopped the turn when it returns.
 """
@@ -20,9 +20,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from orchestration import bounds, providers
-from orchestration.db import after_commit, session_scope
-from orchestration.dispatch import Dispatcher
 from orchestration.errors import PermanentProviderError, ProviderError, ValidationError
+from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
 from orchestration.providers import budget
 from orchestration.providers.base import TurnRef
@@ -97,7 +96,7 @@ def stop_once(settings: Settings, turn: LiveTurn) -> Stopped:
 
 def stop_within(settings: Settings, turns: Iterable[LiveTurn], seconds: float) -> list[Stopped]:
     """Cancel each turn once, all of them within ``seconds``. Only a stop that succeeded is
-    settled: anything else stays ``pending`` for the ``stop_turn`` task, because the caller
+    settled: anything else stays ``pending`` for the stop task, because the caller
     may be a web app's process that lacks what the worker has (the provider's secret)."""
     results: list[Stopped] = []
     with budget.within(seconds):
@@ -135,29 +134,17 @@ def record(session: Session, result: Stopped, now: datetime, *, attempts: int) -
     )
 
 
-def stop_later(
-    session: Session,
-    settings: Settings,
-    dispatcher: Dispatcher | None,
-    results: Iterable[Stopped],
-    now: datetime,
-    *,
-    attempts: int = 0,
-) -> None:
-    """Record each result and, after the caller's commit, hand the pending ones to the
-    ``stop_turn`` task. Without a dispatcher (a process that cannot send) they are tried
-    once, after the commit, within the provider's bound."""
-    pending: list[LiveTurn] = []
+def hand_off(
+    session: Session, results: Iterable[Stopped], now: datetime, *, attempts: int = 0
+) -> Followups:
+    """Record each result on its step and return the pending ones, for the stop task to carry
+    out after the caller's commit."""
+    pending: list[tuple[str, int]] = []
     for result in results:
         record(session, result, now, attempts=attempts)
         if result.status is TurnStopStatus.PENDING:
-            pending.append(result.turn)
-    if not pending:
-        return
-    if dispatcher is not None:
-        after_commit(session, lambda: dispatcher.stop_turns([(t.run_id, t.index) for t in pending]))
-    else:
-        after_commit(session, lambda: [stop_once(settings, turn) for turn in pending])
+            pending.append((result.turn.run_id, result.turn.index))
+    return Followups(stops=tuple(pending))
 
 
 def pending(turns: Iterable[LiveTurn]) -> list[Stopped]:
@@ -166,7 +153,7 @@ def pending(turns: Iterable[LiveTurn]) -> list[Stopped]:
 
 
 def turn_of(session: Session, run_id: str, index: int) -> tuple[LiveTurn, int] | None:
-    """The turn a ``stop_turn`` task is to cancel and the attempts made so far; ``None`` when
+    """The turn a stop task is to cancel and the attempts made so far; ``None`` when
     there is nothing to stop (no such step, never started, or already settled)."""
     run = session.get(Run, run_id)
     step = session.scalars(select(Step).where(Step.run_id == run_id, Step.index == index)).first()
@@ -179,12 +166,13 @@ def turn_of(session: Session, run_id: str, index: int) -> tuple[LiveTurn, int] |
     return turn, int(stop.get("attempts", 0))
 
 
-def attempt(settings: Settings, run_id: str, index: int, now: datetime) -> float | None:
-    """One attempt of a pending stop (the ``stop_turn`` task): the provider call outside any
+def attempt(
+    transact: Transact, settings: Settings, run_id: str, index: int, now: datetime
+) -> float | None:
+    """One attempt of a pending stop (the stop task): the provider call outside any
     transaction, then the outcome recorded. Returns the countdown before the next attempt, or
     ``None`` when the stop is settled (stopped, refused, or out of attempts)."""
-    with session_scope(settings.database_url) as session:
-        found = turn_of(session, run_id, index)
+    found = transact(lambda session: Done(turn_of(session, run_id, index)))
     if found is None:
         return None
     turn, attempts = found
@@ -194,8 +182,12 @@ def attempt(settings: Settings, run_id: str, index: int, now: datetime) -> float
         result = Stopped(
             turn, TurnStopStatus.FAILED, f"gave up after {attempts} attempts: {result.error}"
         )
-    with session_scope(settings.database_url) as session:
-        record(session, result, now, attempts=attempts)
+    transact(lambda session: _recorded(session, result, now, attempts))
     if result.status is TurnStopStatus.PENDING:
         return float(min(2 ** (attempts - 1), 30))
     return None
+
+
+def _recorded(session: Session, result: Stopped, now: datetime, attempts: int) -> Done[None]:
+    record(session, result, now, attempts=attempts)
+    return Done(None)

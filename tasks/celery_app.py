@@ -10,9 +10,11 @@ from celery import Celery
 from celery.signals import worker_process_init
 
 from beat_schedule import beat_schedule
-from orchestration.celery_config import configure
 from orchestration.db import dispose_engines
 from orchestration.errors import ConfigurationError
+from orchestration.runtime.celery_config import configure
+from orchestration.runtime.celery_queue import CeleryQueue
+from orchestration.runtime.executor import Executor
 from orchestration.settings import get_settings
 
 try:
@@ -24,6 +26,9 @@ except ConfigurationError as exc:
 app = configure(Celery("orchestration"), settings)
 app.conf.beat_schedule = beat_schedule(settings)
 app.conf.include = ["tasks.steps", "tasks.sweeper", "tasks.turns"]
+#: Every task reaches the domain through this executor: one transaction per call, then the
+#: followups sent through this app.
+executor = Executor(settings, CeleryQueue(app, settings))
 
 
 @worker_process_init.connect

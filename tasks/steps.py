@@ -1,4 +1,9 @@
-"""The step task: one execution of ``Stepper.advance``, mapped onto Celery's controls."""
+"""The step task: one execution of ``Stepper.advance``, mapped onto Celery's controls.
+
+A poll's retry carries no chain (``request.chain`` is dropped before ``self.retry``), so a
+message stays the same size however long the run; the execution that finishes a step
+without a next link in its message arms the next segment (``chains``).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,16 @@ from celery import Task
 from celery.exceptions import Ignore
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
-from orchestration.celery_config import STEP_TASK
-from orchestration.dispatch import CeleryDispatcher
-from orchestration.stepper import Halt, Poll, Stepper
-from tasks.celery_app import app, settings
+from orchestration.execution import Halt, Poll, Stepper
+from orchestration.runtime.celery_config import STEP_TASK
+from tasks.celery_app import app, executor, settings
 from tasks.limits import call_limits
 
 #: Consecutive database failures a step task rides out (with backoff) before it gives up and
 #: leaves the run to the sweeper's dead-heartbeat re-arm.
 MAX_DB_ERRORS = 12
-#: An execution makes one provider call (start or status), or the checkpoint snapshot and
+#: An execution's provider calls (a start, the status right after it, the checkpoint of a
+#: turn that finished) share one ``ORCH_PROVIDER_TIMEOUT``; or the effects' snapshot and
 #: the webhook when it runs the effects.
 _SOFT, _HARD = call_limits(settings, calls=1, webhook=True)
 
@@ -31,7 +36,7 @@ class DatabaseUnavailable(Exception):
 
 @lru_cache(maxsize=1)
 def _stepper(pid: int) -> Stepper:
-    return Stepper(settings, CeleryDispatcher(app, settings), worker=socket.gethostname(), pid=pid)
+    return Stepper(settings, executor, worker=socket.gethostname(), pid=pid)
 
 
 # max_retries=None: the bound on polling is the step's timeout, checked against the database
@@ -47,8 +52,9 @@ def _stepper(pid: int) -> Stepper:
 def advance_step(self: Task, run_id: str, index: int, tick: int = 0, db_errors: int = 0) -> None:
     """Start, poll or finish step ``index`` of ``run_id``; ``tick`` fences duplicates."""
     stepper = _stepper(os.getpid())
+    chained = bool(self.request.chain)
     try:
-        outcome = stepper.advance(run_id, int(index), int(tick))
+        outcome = stepper.advance(run_id, int(index), int(tick), chained=chained)
     except (DataError, IntegrityError) as exc:
         # A value the database refuses is refused again on every retry: fail the step.
         owned = stepper.fenced_tick if stepper.fenced_tick is not None else tick
@@ -68,6 +74,8 @@ def advance_step(self: Task, run_id: str, index: int, tick: int = 0, db_errors: 
             exc=DatabaseUnavailable(type(exc.orig).__name__),
         ) from None
     if isinstance(outcome, Poll):
+        # The rest of the chain stays behind: the step that finishes this one arms it anew.
+        self.request.chain = None
         raise self.retry(
             countdown=outcome.countdown,
             kwargs={"tick": outcome.tick},

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestration.celery_config import SWEEP_TASK
-from orchestration.dispatch import CeleryDispatcher
+from orchestration.runtime.celery_config import SWEEP_TASK
 from orchestration.sweeper import Sweeper
-from tasks.celery_app import app, settings
+from tasks.celery_app import app, executor, settings
 from tasks.limits import sweep_limits
 
 _SOFT, _HARD = sweep_limits(settings)
@@ -18,4 +17,4 @@ _SOFT, _HARD = sweep_limits(settings)
 )
 def sweep() -> dict[str, Any]:
     """One sweeper pass; returns its report (shown in Flower)."""
-    return Sweeper(settings, CeleryDispatcher(app, settings)).sweep()
+    return Sweeper(settings, executor).sweep()

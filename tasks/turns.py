@@ -5,9 +5,9 @@ from __future__ import annotations
 from celery import Task
 
 from orchestration import turns
-from orchestration.celery_config import STOP_TASK
 from orchestration.db import utcnow
-from tasks.celery_app import app, settings
+from orchestration.runtime.celery_config import STOP_TASK
+from tasks.celery_app import app, executor, settings
 from tasks.limits import call_limits
 
 _SOFT, _HARD = call_limits(settings, calls=1)
@@ -25,7 +25,7 @@ _SOFT, _HARD = call_limits(settings, calls=1)
 def stop_turn(self: Task, run_id: str, index: int) -> None:
     """Cancel the provider turn of step ``index`` of ``run_id``; attempts are counted on the
     step (``turn_stop``), so a redelivery cannot make them unbounded."""
-    countdown = turns.attempt(settings, run_id, int(index), utcnow())
+    countdown = turns.attempt(executor, settings, run_id, int(index), utcnow())
     if countdown is not None:
         raise self.retry(
             countdown=countdown, max_retries=None, argsrepr=f"(run={run_id}, step={index})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-import orchestration.api.tokens  # noqa: F401  (its table is part of the schema)
+import orchestration.surfaces.api.tokens  # noqa: F401  (its table is part of the schema)
 from orchestration.models import Base
 
 config = context.config

@@ -12,220 +12,26 @@ start with the same key answers the first turn's id), which also makes a retry s
 ``status`` and ``cancel`` address a turn by ``{run_id}`` or by ``{key}``; only ``{key}`` can
 reach a turn whose start timed out after it was sent (its run id is unknown).
 
-:class:`Exchange`, the bounded and classified HTTP call, serves the langgraph provider and
-the webhook too: one :class:`~orchestration.providers.transport.Deadline` bounds a whole
-call, DNS to last byte, however the server behaves.
+The bounded call itself is :mod:`orchestration.providers.exchange`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Collection, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import httpx
-
 from orchestration import secrets
-from orchestration.egress import (
-    LAUNCH_RESOLVE_SECONDS,
-    AllowList,
-    Resolver,
-    check_launch_url,
-    parse_allow_list,
-    system_resolver,
-)
-from orchestration.errors import PermanentProviderError, RetryableProviderError, ValidationError
-from orchestration.providers import budget
+from orchestration.egress import Resolver, system_resolver
+from orchestration.errors import PermanentProviderError, ValidationError
 from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
-from orchestration.providers.transport import Deadline, bounded_client
+from orchestration.providers.exchange import Reply, check_egress, exchange
 from orchestration.settings import Settings
 
-#: A guard on memory, not the output bound: no provider answer is read past this.
-MAX_RESPONSE_BYTES = 16 * 1024 * 1024
-#: Answers worth retrying within one call's time bound (the request did not take effect, or
-#: taking effect twice is harmless because the call is idempotent).
-_RETRY_STATUSES = frozenset({502, 503, 504})
-#: Pauses before the in-call retries: a blip is absorbed, an outage is reported at once.
-_RETRY_DELAYS = (0.1, 0.3)
-#: Client errors that mean "later", not "never".
-_TRANSIENT_CLIENT_STATUSES = frozenset({408, 429})
 _SNIPPET_CHARS = 300
 _PLACEHOLDER = re.compile(r"\{\w+\}")
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A response the caller asked to see: its status code and JSON body (``None`` if empty)."""
-
-    status: int
-    body: JSON
-
-
-class Exchange:
-    """HTTP calls that share one deadline, so a provider call never outlasts its bound.
-
-    Outages (connect error, timeout, 5xx, 408, 429) raise ``RetryableProviderError``; refusals
-    (other 4xx, a body that is not JSON) raise ``PermanentProviderError``. Connection failures
-    are retried twice while time is left, since nothing reached the server; 502/503/504 only
-    when the caller says the request is safe to repeat.
-    """
-
-    def __init__(self, client: httpx.Client, deadline: Deadline, settings: Settings) -> None:
-        self._client = client
-        self._deadline = deadline
-        self._bound = deadline.bound
-        self._settings = settings
-
-    def redact(self, text: str) -> str:
-        """``text`` with every declared secret replaced, fit for an error message."""
-        return secrets.redact(text, self._settings)
-
-    def send(
-        self,
-        method: str,
-        url: str,
-        *,
-        what: str,
-        json_body: JSON = None,
-        headers: Mapping[str, str] | None = None,
-        params: Mapping[str, Any] | None = None,
-        accept: Collection[int] = (),
-        repeatable: bool = True,
-    ) -> Reply:
-        """One request; a 2xx or a status in ``accept`` is returned, anything else raises."""
-        try:
-            request = self._client.build_request(
-                method,
-                url,
-                json=json_body,
-                headers={"Accept-Encoding": "identity", **(headers or {})},
-                params=params,
-            )
-        except httpx.InvalidURL as exc:
-            raise PermanentProviderError(self.redact(f"{what}: {url}: {exc}")) from None
-        delays = iter(_RETRY_DELAYS)
-        while True:
-            got = self._once(request)
-            retry = got is None or (repeatable and got[0] in _RETRY_STATUSES)
-            delay = next(delays, None) if retry else None
-            if delay is not None and self._deadline.remaining() > delay:
-                time.sleep(delay)
-                continue
-            if got is None:
-                raise RetryableProviderError(self.redact(f"{what}: cannot reach {url}"))
-            return self._reply(what, method, url, *got, accept)
-
-    def _once(self, request: httpx.Request) -> tuple[int, bytes] | None:
-        """Status and body, or ``None`` when no connection could be made (nothing was sent).
-
-        The body is read raw and only while it stays under :data:`MAX_RESPONSE_BYTES` and
-        the deadline: an answer that says it is bigger is not read at all, and a compressed
-        one is refused (a small gzip bomb would inflate past the guard in one chunk).
-        """
-        what = f"{request.method} {request.url}"
-        remaining = self._deadline.remaining()
-        if remaining <= 0:
-            raise RetryableProviderError(self.redact(f"{what}: no time left within {self._bound}s"))
-        request.extensions["timeout"] = httpx.Timeout(remaining).as_dict()
-        try:
-            response = self._client.send(request, stream=True)
-            try:
-                _check_framing(what, response)
-                chunks: list[bytes] = []
-                size = 0
-                for chunk in response.iter_raw():
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > MAX_RESPONSE_BYTES:
-                        raise PermanentProviderError(f"{what}: answer over {MAX_RESPONSE_BYTES} B")
-                    if self._deadline.remaining() <= 0:
-                        raise httpx.ReadTimeout("answer still arriving at the deadline")
-            finally:
-                response.close()
-        except httpx.ConnectError:
-            return None
-        except httpx.TimeoutException as exc:
-            raise RetryableProviderError(
-                self.redact(f"{what}: no answer within {self._bound}s ({exc})")
-            ) from None
-        except httpx.UnsupportedProtocol as exc:
-            raise PermanentProviderError(self.redact(f"{what}: {exc}")) from None
-        except httpx.TransportError as exc:
-            raise RetryableProviderError(
-                self.redact(f"{what}: connection failed ({exc})")
-            ) from None
-        return response.status_code, b"".join(chunks)
-
-    def _reply(
-        self, what: str, method: str, url: str, status: int, raw: bytes, accept: Collection[int]
-    ) -> Reply:
-        text = raw.decode("utf-8", errors="replace")
-        if not (200 <= status < 300 or status in accept):
-            snippet = self.redact(text.strip())[:_SNIPPET_CHARS]
-            message = f"{what}: {method} {url} answered {status}: {snippet or '(empty body)'}"
-            if status >= 500 or status in _TRANSIENT_CLIENT_STATUSES:
-                raise RetryableProviderError(message)
-            raise PermanentProviderError(message)
-        try:
-            return Reply(status, json.loads(text) if text.strip() else None)
-        except json.JSONDecodeError:
-            if status in accept:
-                return Reply(status, None)
-            snippet = self.redact(text.strip())[:_SNIPPET_CHARS]
-            raise PermanentProviderError(
-                f"{what}: {method} {url} answered {status} with a body that is not JSON: {snippet}"
-            ) from None
-
-
-def _check_framing(what: str, response: httpx.Response) -> None:
-    encoding = response.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        raise PermanentProviderError(
-            f"{what}: answered with Content-Encoding {encoding!r}; only identity is accepted"
-        )
-    length = response.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_RESPONSE_BYTES:
-        raise PermanentProviderError(
-            f"{what}: answer of {length} B announced, over {MAX_RESPONSE_BYTES} B"
-        )
-
-
-def allow_list(settings: Settings) -> AllowList:
-    """``ORCH_PROVIDER_HOSTS``, parsed (validated when the settings were loaded)."""
-    return parse_allow_list(settings.provider_hosts)
-
-
-@contextmanager
-def exchange(
-    settings: Settings,
-    *,
-    bound: float | None = None,
-    allow: AllowList | None = None,
-    resolver: Resolver = system_resolver,
-) -> Iterator[Exchange]:
-    """A fresh client per call (nothing is shared across forked worker processes), all of
-    it bounded by ``bound`` (default ``ORCH_PROVIDER_TIMEOUT``) and ``allow`` (default
-    ``ORCH_PROVIDER_HOSTS``), and by the enclosing :mod:`budget` if any (``cancel``)."""
-    deadline = Deadline(budget.clamp(settings.provider_timeout if bound is None else bound))
-    chosen = allow_list(settings) if allow is None else allow
-    with bounded_client(chosen, deadline, resolver) as client:
-        yield Exchange(client, deadline, settings)
-
-
-def check_egress(url: str, field: str, settings: Settings, resolver: Resolver) -> None:
-    """Launch check of a provider URL against ``ORCH_PROVIDER_HOSTS`` (``ValidationError``)."""
-    check_launch_url(
-        allow_list(settings),
-        url,
-        field,
-        resolver=resolver,
-        timeout=min(LAUNCH_RESOLVE_SECONDS, settings.provider_timeout),
-    )
 
 
 def json_size(value: JSON) -> int:

@@ -32,15 +32,8 @@ from orchestration import secrets
 from orchestration.egress import Resolver, system_resolver
 from orchestration.errors import PermanentProviderError, RetryableProviderError, ValidationError
 from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
-from orchestration.providers.http import (
-    Exchange,
-    check_egress,
-    check_known,
-    check_url,
-    exchange,
-    fill,
-    json_size,
-)
+from orchestration.providers.exchange import Exchange, check_egress, exchange
+from orchestration.providers.http import check_known, check_url, fill, json_size
 from orchestration.settings import Settings
 
 #: Namespace of the thread ids: the same (run, step) always lands on the same thread.

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import uvicorn
 
-from orchestration.api import tokens
-from orchestration.api.app import create_app
 from orchestration.db import session_scope, utcnow
+from orchestration.surfaces.api import tokens
+from orchestration.surfaces.api.app import create_app
 from tests.conftest import wait_for
 from tests.integration import conftest as integration
 from tests.integration.conftest import Stack

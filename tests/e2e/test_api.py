@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.processes import ManagedProcess
 from tests.conftest import wait_for
 from tests.e2e.conftest import ApiServer, make_token, scripted
 from tests.integration.conftest import Stack

@@ -21,12 +21,12 @@ from sqlalchemy.engine import Engine
 
 from orchestration.db import get_engine, session_scope, upgrade
 from orchestration.health import derive
-from orchestration.metrics import SETTLE, RunMetrics
 from orchestration.models import Run, RunEvent
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.processes import ManagedProcess
 from orchestration.settings import Settings
 from orchestration.states import Health, ParkReason, RunStatus
 from orchestration.summaries import ERROR_CHARS, listing
+from orchestration.surfaces.api.metrics import SETTLE, RunMetrics
 from tests.conftest import wait_for
 from tests.e2e.conftest import ApiServer, make_token, scripted
 from tests.integration import conftest as integration

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.processes import ManagedProcess
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
 

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from tests.conftest import IN_CI, wait_for
 from tests.e2e.conftest import ApiServer, scripted

@@ -384,7 +384,7 @@ def _check_command(root: Any, argv: list[str]) -> str | None:
 
 
 def test_every_documented_command_is_a_real_command() -> None:
-    from orchestration.cli import app
+    from orchestration.surfaces.cli import app
 
     root = typer.main.get_command(app)
     commands = documented_commands()
@@ -398,7 +398,7 @@ def test_every_documented_command_is_a_real_command() -> None:
 
 
 def test_every_top_level_command_is_documented() -> None:
-    from orchestration.cli import app
+    from orchestration.surfaces.cli import app
 
     root: Any = typer.main.get_command(app)
     shown = {argv[0] for _, argv in documented_commands() if argv}
@@ -607,7 +607,7 @@ def _broker() -> Iterator[str]:
     if url:
         yield url
         return
-    from orchestration.embedded import EmbeddedBroker
+    from orchestration.runtime.embedded import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         yield broker.url
@@ -622,7 +622,7 @@ def _fresh_folder(name: str) -> Path:
 
 def _walkthrough(broker_url: str, shell_blocks: dict[str, str]) -> None:
     """docs/getting-started.md and docs/python-api.md: default bounds, a worker and a beat."""
-    from orchestration.processes import ManagedProcess
+    from orchestration.runtime.processes import ManagedProcess
 
     folder = _fresh_folder("orchestration-docs")
     exports = {
@@ -701,7 +701,7 @@ def _walkthrough(broker_url: str, shell_blocks: dict[str, str]) -> None:
 
 def _flask(console: Console, folder: Path) -> None:
     """docs/python-api.md: the Flask example against the walkthrough's worker, driven by curl."""
-    from orchestration.processes import ManagedProcess
+    from orchestration.runtime.processes import ManagedProcess
 
     port = _free_port(5055)
     base = f"http://127.0.0.1:{port}"
@@ -779,7 +779,7 @@ def _flask(console: Console, folder: Path) -> None:
 
 def _explain_examples(broker_url: str, shell_blocks: dict[str, str]) -> None:
     """docs/operations.md: a parked, a stalled and a cancelling run, and the sweeper after."""
-    from orchestration.processes import start_worker
+    from orchestration.runtime.processes import start_worker
     from orchestration.service import Orchestrator
 
     folder = _fresh_folder("orchestration-docs-explain")

@@ -19,10 +19,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from orchestration.db import dispose_engines, normalize_url, upgrade
-from orchestration.dispatch import client_dispatcher
-from orchestration.embedded import EmbeddedBroker
-from orchestration.processes import ManagedProcess, start_beat, start_worker
 from orchestration.providers.scripted import ScriptedProvider
+from orchestration.runtime.celery_queue import client_queue
+from orchestration.runtime.embedded import EmbeddedBroker
+from orchestration.runtime.processes import ManagedProcess, start_beat, start_worker
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from tests.conftest import BROKER_URL, DATABASE_URL
@@ -83,7 +83,7 @@ class Stack:
     processes: list[ManagedProcess] = field(default_factory=list)
 
     def orchestrator(self) -> Orchestrator:
-        return Orchestrator(self.settings, client_dispatcher(self.settings))
+        return Orchestrator(self.settings, client_queue(self.settings))
 
     def start_worker(self, name: str = "w", concurrency: int = 2) -> ManagedProcess:
         worker = start_worker(

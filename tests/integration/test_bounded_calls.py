@@ -26,7 +26,8 @@ from orchestration.effects import _post_webhook
 from orchestration.egress import AllowList
 from orchestration.errors import PermanentProviderError, ProviderError, RetryableProviderError
 from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest
-from orchestration.providers.http import MAX_RESPONSE_BYTES, HttpProvider, exchange
+from orchestration.providers.exchange import MAX_RESPONSE_BYTES, exchange
+from orchestration.providers.http import HttpProvider
 from orchestration.providers.langgraph import LangGraphProvider
 from orchestration.providers.transport import BoundedTransport, Deadline
 from orchestration.settings import Settings

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestration.celery_config import SWEEP_TASK
 from orchestration.db import session_scope, utcnow
-from orchestration.dispatch import client_dispatcher
 from orchestration.models import RunEvent
-from orchestration.processes import ManagedProcess, celery_argv, start_worker
 from orchestration.records import RunRecord
+from orchestration.runtime.celery_config import SWEEP_TASK
+from orchestration.runtime.celery_queue import client_queue
+from orchestration.runtime.processes import ManagedProcess, celery_argv, start_worker
 from orchestration.service import Orchestrator, is_terminal
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
@@ -276,7 +276,7 @@ def test_claim_taken_over_from_a_dead_holder(
             )
         )
         workers[0].wait_for_log("ready.", timeout=60)
-        holder = Orchestrator(apart, client_dispatcher(apart)).launch(
+        holder = Orchestrator(apart, client_queue(apart)).launch(
             one_step([["running"]], poll_interval=1.0), owner=owner, concurrency_key="repo-1"
         )
         wait_for(lambda: orch.get(holder.id, owner=owner).steps[0].polls >= 2, 20, what="polling")
@@ -495,7 +495,7 @@ def test_two_beats_close_each_run_once(
 def test_sweeper_liveness_is_visible(
     stack: Stack, worker: ManagedProcess, beat: ManagedProcess
 ) -> None:
-    from orchestration.liveness import check
+    from orchestration.runtime.liveness import check
 
     report = wait_for(lambda: (r := check(stack.settings)) and r["ok"] and r, 15)
     assert report["checks"]["sweeper"]["age_seconds"] < 5
@@ -507,7 +507,7 @@ def test_metrics_show_no_run_past_its_deadline_after_the_scenarios(stack: Stack)
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from orchestration.metrics import registry
+    from orchestration.surfaces.api.metrics import registry
 
     text = generate_latest(registry(stack.settings)).decode()
     families = {family.name: family for family in text_string_to_metric_families(text)}

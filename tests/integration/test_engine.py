@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from chaos.duplicating import DuplicatingQueue
 from orchestration.db import session_scope
-from orchestration.dispatch import DuplicatingDispatcher, client_dispatcher
 from orchestration.errors import IdempotencyConflict, RunNotFound, ValidationError
 from orchestration.models import Run, RunEvent, Step
-from orchestration.processes import ManagedProcess, start_worker
 from orchestration.providers.scripted import STARTED, ScriptedProvider
+from orchestration.runtime.celery_queue import client_queue
+from orchestration.runtime.processes import ManagedProcess, start_worker
 from orchestration.service import Orchestrator
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
@@ -179,7 +180,7 @@ def test_cancel_before_the_first_step_starts(
 ) -> None:
     # The chain goes to a queue no worker consumes yet: the run is durably queued.
     parked_settings = stack.settings.model_copy(update={"queue": stack.settings.queue + "-later"})
-    orch = Orchestrator(parked_settings, client_dispatcher(parked_settings))
+    orch = Orchestrator(parked_settings, client_queue(parked_settings))
     run = orch.launch(flow(step([["completed"]])), owner=owner)
     record = orch.cancel(run.id, owner=owner)
     assert (record.status, record.steps[0].status) == ("cancelled", "cancelled")
@@ -201,7 +202,7 @@ def test_cancel_before_the_first_step_starts(
 def test_duplicate_delivery_starts_one_turn(
     worker: ManagedProcess, stack: Stack, owner: str
 ) -> None:
-    orch = Orchestrator(stack.settings, DuplicatingDispatcher(client_dispatcher(stack.settings)))
+    orch = Orchestrator(stack.settings, DuplicatingQueue(client_queue(stack.settings)))
     run = orch.launch(
         flow(step([["running", 0.5], ["completed"]], id="a"), step([["completed"]], id="b")),
         owner=owner,

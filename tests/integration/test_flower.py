@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestration.processes import ManagedProcess, celery_argv
+from orchestration.runtime.processes import ManagedProcess, celery_argv
 from orchestration.service import Orchestrator, is_terminal
 from tests.conftest import IN_CI, wait_for
 from tests.integration.conftest import Stack

@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestration.dispatch import DuplicatingDispatcher, client_dispatcher
-from orchestration.processes import ManagedProcess
+from chaos.duplicating import DuplicatingQueue
 from orchestration.providers.langgraph import KEY_FIELD, thread_id
+from orchestration.runtime.celery_queue import client_queue
+from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator, is_terminal
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
@@ -171,7 +172,7 @@ def test_cancel_interrupts_the_server_side_run(
 def test_tasks_delivered_twice_start_one_server_run_per_attempt(
     server: LangGraphServer, worker: ManagedProcess, stack: Stack, owner: str
 ) -> None:
-    twice = Orchestrator(stack.settings, DuplicatingDispatcher(client_dispatcher(stack.settings)))
+    twice = Orchestrator(stack.settings, DuplicatingQueue(client_queue(stack.settings)))
     run = twice.launch(
         flow(
             step(server, "answer", "first", id="a", config=slow(1)),

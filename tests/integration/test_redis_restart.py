@@ -4,7 +4,7 @@ On kombu 5.7.0 a Redis restart killed every worker that held an unacknowledged m
 countdown message, held under ``task_acks_late``): ``Unrecoverable error: AttributeError:
 'NoneType' object has no attribute 'hostname'`` from ``QoS.restore_unacked``, see
 ``docs/operations.md`` ("Redis restarts and kombu 5.7.0"). ``configure`` carries the workaround
-(:func:`orchestration.celery_config.survive_redis_restarts`).
+(:func:`orchestration.runtime.celery_config.survive_redis_restarts`).
 
 Each test runs a real prefork worker of ``tests/support/redis_restart_app.py`` on a private
 ``redis-server`` without persistence, SIGKILLs Redis while the worker holds a countdown message
@@ -28,8 +28,8 @@ import redis
 from celery import Celery
 
 from chaos.services import PrivateRedis
-from orchestration.celery_config import KOMBU_CRASHING_ON_REDIS_RESTART
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.celery_config import KOMBU_CRASHING_ON_REDIS_RESTART
+from orchestration.runtime.processes import ManagedProcess
 from tests.conftest import IN_CI, wait_for
 from tests.support.redis_restart import MARK_TASK, QUEUE, SLOW_MARK_TASK, running_worker
 

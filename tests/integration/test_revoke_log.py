@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.dispatch import client_dispatcher
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.celery_queue import client_queue
+from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from orchestration.workflows import load_file
 from tests.conftest import wait_for
@@ -33,7 +33,7 @@ def test_a_cancel_leaves_no_backend_warning_in_the_worker_log(
     assert cancelled.status == "cancelled"
     # Remote-control commands are handled in order: once the worker lists the run's tasks as
     # revoked, it has handled the revoke, and any warning about it is in the log.
-    control = client_dispatcher(stack.settings).app.control
+    control = client_queue(stack.settings).app.control
     wait_for(
         lambda: (
             set(cancelled.task_ids)

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from orchestration.celery_config import STEP_TASK
-from orchestration.processes import ManagedProcess
 from orchestration.providers.scripted import ScriptedProvider
+from orchestration.runtime.celery_config import STEP_TASK
+from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator, is_terminal
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack

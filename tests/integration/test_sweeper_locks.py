@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from orchestration.db import normalize_url, utcnow
+from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.sweeper import Sweeper
 from tests.integration.conftest import Stack
@@ -43,7 +44,7 @@ def test_a_locked_run_is_skipped_and_the_others_are_swept(stack: Stack, owner: s
             text("UPDATE runs SET updated_at = now() WHERE id = :id"), {"id": frozen}
         )
         later = utcnow() + timedelta(seconds=stack.settings.heartbeat_timeout + 1)
-        report = Sweeper(stack.settings, None).sweep(later)
+        report = Sweeper(stack.settings, Executor(stack.settings, None)).sweep(later)
         connection.rollback()
     holder.dispose()
     assert report["busy"] == 1 and report["rearmed"] == 1, report

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from tests.support.runs import finished
 

@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from chaos.services import PrivateRedis
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.processes import ManagedProcess
 
 #: Set to ``1`` to run the worker with kombu's own ``Channel._connparams``, as it was before
-#: :func:`~orchestration.celery_config.survive_redis_restarts`: the test shows the crash.
+#: :func:`~orchestration.runtime.celery_config.survive_redis_restarts`: the test shows the crash.
 WITHOUT_WORKAROUND = "ORCH_TEST_WITHOUT_KOMBU_WORKAROUND"
 
 #: The app's tasks: append a line to a file, at once or after a pause.

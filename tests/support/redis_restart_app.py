@@ -1,7 +1,7 @@
 """The smallest worker app that shows kombu 5.7.0 crashing on a Redis restart.
 
 ``celery -A tests.support.redis_restart_app worker`` (see :mod:`tests.support.redis_restart`)
-runs the project's Celery configuration (:func:`orchestration.celery_config.configure`, so
+runs the project's Celery configuration (:func:`orchestration.runtime.celery_config.configure`, so
 ``task_acks_late`` and the kombu workaround as deployed) with one task that needs no database:
 :func:`mark` appends a line to a file, so a test sees that the worker still consumes.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from celery import Celery
 from kombu.transport import redis as kombu_redis
 
-from orchestration.celery_config import configure
+from orchestration.runtime.celery_config import configure
 from orchestration.settings import get_settings
 from tests.support.redis_restart import MARK_TASK, SLOW_MARK_TASK, WITHOUT_WORKAROUND
 

@@ -18,10 +18,11 @@ from sqlalchemy import func, select, update
 
 from orchestration import claims, launching
 from orchestration.db import session_scope
-from orchestration.dispatch import ChainPlan
+from orchestration.execution import Outcome, Poll, Stepper
+from orchestration.followups import ChainPlan
 from orchestration.models import Run, RunEvent, Step
+from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
-from orchestration.stepper import Outcome, Poll, Stepper
 
 #: Property tests: modest example counts, no per-example deadline (SQLite I/O varies), and the
 #: database fixture shared by the examples of one test (each example builds its own rows).
@@ -105,8 +106,8 @@ def launch(
 ) -> str:
     """``launching.launch`` with test defaults (no dispatcher: nothing is sent)."""
     return launching.launch(
+        Executor(settings, dispatcher),
         settings,
-        dispatcher,
         workflow() if definition is None else definition,
         args,
         owner=owner,
@@ -239,7 +240,7 @@ def force_step(settings: Settings, run_id: str, index: int, **values: Any) -> No
 
 @dataclass
 class RecordingDispatcher:
-    """A :class:`orchestration.dispatch.Dispatcher` that records instead of sending."""
+    """A task queue (``runtime.executor.TaskQueue``) that records instead of sending."""
 
     chains: list[ChainPlan] = field(default_factory=list)
     revoked: list[tuple[list[str], bool]] = field(default_factory=list)

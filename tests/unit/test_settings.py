@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError as PydanticValidationError
 
-from orchestration.celery_config import FolderCreatingScheduler, NoResultBackend, configure
 from orchestration.db import get_engine, upgrade
 from orchestration.errors import ConfigurationError
+from orchestration.runtime.celery_config import FolderCreatingScheduler, NoResultBackend, configure
 from orchestration.settings import MARGIN_SECONDS, Settings, load_settings
 from orchestration.states import ParkReason
 from tests.unit.support import PROPERTY

@@ -28,8 +28,8 @@ from kombu.transport import TRANSPORT_ALIASES
 from pydantic.fields import FieldInfo
 from typer.testing import CliRunner
 
-from orchestration.cli import app
 from orchestration.settings import MAX_SECONDS, Settings, get_settings
+from orchestration.surfaces.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "orchestration")

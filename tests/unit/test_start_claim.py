@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 
-from orchestration.closing import close_run
-from orchestration.db import session_scope, utcnow
+from orchestration.closing import end_run
+from orchestration.db import utcnow
+from orchestration.execution import Outcome, Stepper
+from orchestration.followups import Done
+from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StopReason
-from orchestration.stepper import Outcome, Stepper
 from tests.support.hostile_servers import Conversation, HostileServer, well_behaved
 from tests.unit.support import RecordingDispatcher, force_step, launch, run_row, steps_of, workflow
 
@@ -94,7 +96,7 @@ def test_cancel_waits_for_a_start_in_flight_and_stops_the_turn_it_recorded(
 ) -> None:
     behaviour, server = service
     run_id = launch(settings, _workflow(server.url), now=utcnow())
-    stepper = Stepper(settings, None)
+    stepper = Stepper(settings, Executor(settings, None))
     thread, _ = _in_thread(lambda: stepper.advance(run_id, 0, 0))
     _wait_for_claim(settings, run_id)
     record = Orchestrator(settings, RecordingDispatcher()).cancel(run_id, owner="owner-1")
@@ -129,21 +131,28 @@ def test_a_start_that_outlives_its_run_stops_its_own_turn(
 ) -> None:
     behaviour, server = service
     run_id = launch(settings, _workflow(server.url), now=utcnow())
-    stepper = Stepper(settings, RecordingDispatcher())
+    stepper = Stepper(settings, Executor(settings, RecordingDispatcher()))
     thread, outcomes = _in_thread(lambda: stepper.advance(run_id, 0, 0))
     _wait_for_claim(settings, run_id)
     # The sweeper closes the run meanwhile (here: directly, as its close does).
-    with session_scope(settings.database_url) as session:
-        close_run(
-            session,
-            settings,
-            run_id,
-            RunStatus.TIMED_OUT,
-            stop_reason=StopReason.DEADLINE_EXCEEDED,
-            cause="test",
-            now=utcnow(),
-            dispatcher=None,
+    sweeper_queue = RecordingDispatcher()
+    Executor(settings, sweeper_queue)(
+        lambda session: Done(
+            None,
+            end_run(
+                session,
+                settings,
+                run_id,
+                RunStatus.TIMED_OUT,
+                stop_reason=StopReason.DEADLINE_EXCEEDED,
+                cause="test",
+                now=utcnow(),
+            ),
         )
+    )
+    # The close records a pending stop for the claimed turn and hands it to the stop task
+    # (not run here): the turn's id is unknown to it while the start is in flight.
+    assert sweeper_queue.stops == [(run_id, 0)]
     thread.join(10)
     assert run_row(settings, run_id).status == "timed_out"
     assert len(outcomes) == 1

@@ -123,7 +123,7 @@ def test_stop_reasons_are_disjoint_and_each_is_used_once() -> None:
 
 
 def test_closing_a_run_can_end_each_of_its_live_steps() -> None:
-    """``closing.close_run`` moves pending steps to skipped (cancelled for a cancelled run) and
+    """``closing.end_run`` moves pending steps to skipped (cancelled for a cancelled run) and
     started ones to ``STEP_END_FOR_RUN_END``; every such move must be in the step table."""
     assert set(STEP_END_FOR_RUN_END) == set(RUN_TERMINAL)
     assert set(STEP_END_FOR_RUN_END.values()) <= STEP_TERMINAL

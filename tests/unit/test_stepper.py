@@ -12,15 +12,16 @@ import pytest
 from sqlalchemy import select, update
 
 from orchestration import cancellation, deadlines
-from orchestration.closing import close_run
+from orchestration.closing import end_run
 from orchestration.db import session_scope, utcnow
+from orchestration.execution import Halt, Outcome, Poll, Proceed, Stepper
 from orchestration.models import Checkpoint, Effect
 from orchestration.providers.base import ProviderStatus, TurnRef
 from orchestration.providers.scripted import TURNS, ScriptedProvider, store_url
+from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.states import EffectStatus, ParkReason, RunStatus, StepStatus, StopReason
-from orchestration.stepper import Halt, Outcome, Poll, Proceed, Stepper
 from tests.unit.support import (
     Clock,
     RecordingDispatcher,
@@ -45,7 +46,9 @@ def clock() -> Clock:
 
 
 def _stepper(settings: Settings, clock: Clock, dispatcher: Any = None) -> Stepper:
-    return Stepper(settings, dispatcher, clock=clock, worker="unit@host", pid=4242)
+    return Stepper(
+        settings, Executor(settings, dispatcher), clock=clock, worker="unit@host", pid=4242
+    )
 
 
 def _age_turns(settings: Settings, seconds: float) -> None:
@@ -86,7 +89,7 @@ def test_a_duplicate_tick_halts_without_writing(settings: Settings, clock: Clock
 def test_a_terminal_run_halts_without_writing(settings: Settings, clock: Clock) -> None:
     run_id = launch(settings, now=clock())
     with session_scope(settings.database_url) as session:
-        close_run(
+        end_run(
             session,
             settings,
             run_id,
@@ -94,7 +97,6 @@ def test_a_terminal_run_halts_without_writing(settings: Settings, clock: Clock) 
             stop_reason=StopReason.STEP_FAILED,
             cause="ended elsewhere",
             now=clock(),
-            dispatcher=None,
         )
     before = snapshot(settings, run_id)
     assert _stepper(settings, clock).advance(run_id, 0, 0) == Halt("run is failed")
@@ -116,7 +118,7 @@ def test_a_requested_cancel_is_honoured_and_its_turn_cancelled(
     stepper = _stepper(settings, clock)
     tick = stepper.advance(run_id, 0, 0)
     assert isinstance(tick, Poll)
-    assert cancellation.request(settings, run_id, now=clock(), by="test")
+    assert cancellation.request(Executor(settings, None), settings, run_id, now=clock(), by="test")
     assert run_row(settings, run_id).status == RunStatus.CANCELLING.value
 
     assert stepper.advance(run_id, 0, tick.tick) == Halt("cancel honoured")
@@ -133,7 +135,7 @@ def test_a_cancel_before_the_first_execution_starts_no_turn(
     settings: Settings, clock: Clock
 ) -> None:
     run_id = launch(settings, now=clock())
-    assert cancellation.request(settings, run_id, now=clock(), by="test")
+    assert cancellation.request(Executor(settings, None), settings, run_id, now=clock(), by="test")
     assert _stepper(settings, clock).advance(run_id, 0, 0) == Halt("cancel honoured")
     assert run_row(settings, run_id).status == RunStatus.CANCELLED.value
     assert [step.status for step in steps_of(settings, run_id)] == ["cancelled"]
@@ -167,7 +169,8 @@ def test_start_polls_effects_and_completes_a_two_step_run(settings: Settings, cl
     _age_turns(settings, LONG + 1)
     assert stepper.advance(run_id, 0, polled.tick) == Proceed()
 
-    assert drive(stepper, run_id, 1, 0) == [Poll(0.1, 1), Proceed()]
+    # An instant turn is finished in the execution that starts it: no Poll hop.
+    assert drive(stepper, run_id, 1, 0) == [Proceed()]
 
     run = run_row(settings, run_id)
     assert (run.status, run.stop_reason, run.result) == ("completed", "completed", "summary")
@@ -180,19 +183,24 @@ def test_start_polls_effects_and_completes_a_two_step_run(settings: Settings, cl
         (None, None, "queued"),
         ("research", "pending", "running"),
         (None, "queued", "running"),
-        (None, "running", "waiting"),
+        # The checkpoint succeeds at its first (inline) attempt: no ``waiting`` hop.
         ("research", "running", "completed"),
-        (None, "waiting", "running"),
         ("summarize", "pending", "running"),
-        (None, "running", "waiting"),
         ("summarize", "running", "completed"),
-        (None, "waiting", "completed"),
+        (None, "running", "completed"),
     ]
     with session_scope(settings.database_url) as session:
         captured = session.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id)).all()
         assert [(c.step_index, c.state["output"]) for c in captured] == [
             (0, {"facts": ["f1", "f2"]}),
             (1, "summary"),
+        ]
+        recorded = session.scalars(
+            select(Effect).where(Effect.run_id == run_id).order_by(Effect.step_index)
+        ).all()
+        assert [(e.step_index, e.status, e.attempts) for e in recorded] == [
+            (0, EffectStatus.DONE.value, 1),
+            (1, EffectStatus.DONE.value, 1),
         ]
     assert len(_turns(settings, run_id)) == 2
 
@@ -295,9 +303,10 @@ def test_an_effect_that_exhausts_its_attempts_follows_the_policy(
     definition = workflow(step_spec(with_={"states": [["completed"]], "checkpoint_fails": True}))
     run_id = launch(settings, definition, now=clock())
     stepper = _stepper(settings, clock)
-    assert stepper.advance(run_id, 0, 0) == Poll(0.1, 1)
-    retry = stepper.advance(run_id, 0, 1)  # finished; first checkpoint attempt fails
-    assert retry == Poll(0.5, 2)
+    # The turn is finished at its start; the first (inline) checkpoint attempt fails in
+    # that same execution, so the run waits for the retry.
+    retry = stepper.advance(run_id, 0, 0)
+    assert retry == Poll(0.5, 1)
     assert run_row(settings, run_id).status == RunStatus.WAITING.value
     clock.advance(retry.countdown)
     assert stepper.advance(run_id, 0, retry.tick) == outcome

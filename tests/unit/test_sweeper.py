@@ -10,15 +10,16 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from orchestration import cancellation, claims, deadlines, turns
-from orchestration.closing import close_run
+from orchestration import cancellation, claims, closing, deadlines, turns
 from orchestration.db import session_scope
+from orchestration.execution import Halt, Poll, Stepper
 from orchestration.models import Run, SweeperBeat
 from orchestration.providers.scripted import ScriptedProvider
+from orchestration.runtime.executor import Executor
+from orchestration.runtime.liveness import last_pass
 from orchestration.settings import Settings
-from orchestration.states import ParkReason, RunStatus, StepStatus, StopReason
-from orchestration.stepper import Halt, Poll, Stepper
-from orchestration.sweeper import SWEEPER_NAME, Sweeper, last_pass
+from orchestration.states import ClaimState, ParkReason, RunStatus, StepStatus, StopReason
+from orchestration.sweeper import SWEEPER_NAME, Sweeper
 from tests.unit.support import (
     T0,
     Clock,
@@ -56,14 +57,14 @@ def dispatcher() -> RecordingDispatcher:
 
 @pytest.fixture
 def sweeper(settings: Settings, dispatcher: RecordingDispatcher) -> Sweeper:
-    return Sweeper(settings, dispatcher)
+    return Sweeper(settings, Executor(settings, dispatcher))
 
 
 def _started(settings: Settings, *, states: list[list[Any]] | None = None, polls: int = 1) -> str:
     """A run launched at T0 whose step task ran ``polls`` times at T0 (turn started)."""
     options = {"states": states or [["running"]]}
     run_id = launch(settings, workflow(step_spec(with_=options)), now=T0)
-    stepper = Stepper(settings, None, clock=Clock(T0))
+    stepper = Stepper(settings, Executor(settings, None), clock=Clock(T0))
     tick = 0
     for _ in range(polls):
         outcome = stepper.advance(run_id, 0, tick)
@@ -113,7 +114,7 @@ def test_a_dead_heartbeat_is_rearmed_with_the_steps_current_tick(
     assert run.deadline_at is not None and run.deadline_at > now
 
     # The re-armed message wins the fence; a late redelivery of the old one is a no-op.
-    stepper = Stepper(settings, None, clock=Clock(now + s(1)))
+    stepper = Stepper(settings, Executor(settings, None), clock=Clock(now + s(1)))
     assert stepper.advance(run_id, 0, 2) == Halt("duplicate or stale delivery")
     assert isinstance(stepper.advance(run_id, 0, 3), Poll)
     assert run_row(settings, run_id).status == RunStatus.RUNNING.value  # resumed
@@ -157,7 +158,7 @@ def test_a_queued_run_that_never_started_is_rearmed(
 
 def _parked_for_a_human(settings: Settings) -> str:
     run_id = _started(settings, states=[["input_required"]])
-    outcome = Stepper(settings, None, clock=Clock(T0)).advance(run_id, 0, 1)
+    outcome = Stepper(settings, Executor(settings, None), clock=Clock(T0)).advance(run_id, 0, 1)
     assert outcome == Halt("parked for a human answer")
     return run_id
 
@@ -205,7 +206,7 @@ def test_an_unhonoured_cancel_is_enforced_after_the_grace_and_a_dead_heartbeat(
     settings: Settings, sweeper: Sweeper, dispatcher: RecordingDispatcher
 ) -> None:
     run_id = _started(settings)
-    assert cancellation.request(settings, run_id, now=T0, by="test")
+    assert cancellation.request(Executor(settings, dispatcher), settings, run_id, now=T0, by="test")
     before = snapshot(settings, run_id)
     assert _did(sweeper.sweep(T0 + s(settings.cancel_grace + 1))) == {}, "heartbeat alive"
     assert snapshot(settings, run_id) == before
@@ -225,8 +226,8 @@ def test_a_cancelling_run_is_never_rearmed(
 ) -> None:
     settings = settings_factory(cancel_grace=600)
     run_id = _started(settings)
-    assert cancellation.request(settings, run_id, now=T0, by="test")
-    report = Sweeper(settings, dispatcher).sweep(_dead(settings, T0))
+    assert cancellation.request(Executor(settings, dispatcher), settings, run_id, now=T0, by="test")
+    report = Sweeper(settings, Executor(settings, dispatcher)).sweep(_dead(settings, T0))
     assert _did(report) == {}
     assert dispatcher.chains == []
     assert run_row(settings, run_id).status == RunStatus.CANCELLING.value
@@ -245,7 +246,7 @@ def test_a_run_queued_behind_a_vanished_holder_is_promoted(
     assert _did(sweeper.sweep(T0 + s(2))) == {}
     # The holder loses its claim without a promotion (as a displacing launch leaves it).
     with session_scope(settings.database_url) as session:
-        close_run(
+        then = closing.end_run(
             session,
             settings,
             holder,
@@ -253,11 +254,11 @@ def test_a_run_queued_behind_a_vanished_holder_is_promoted(
             stop_reason=StopReason.STEP_FAILED,
             cause="test",
             now=T0 + s(2),
-            dispatcher=None,
             promote=False,
         )
+    assert then.chains == (), "no promotion: nothing armed"  # its followups are not carried out
     assert _did(sweeper.sweep(T0 + s(3))) == {"promoted": 1}
-    assert run_row(settings, waiting).claim == claims.HOLDING
+    assert run_row(settings, waiting).claim == ClaimState.HOLDING
     assert [plan.run_id for plan in dispatcher.chains] == [waiting]
 
 
@@ -279,7 +280,7 @@ def test_two_sweeps_at_the_same_now_journal_each_transition_once(
             sweeper.sweep(now)
             now = _dead(settings, now)
     if scenario == "cancel":
-        cancellation.request(settings, run_id, now=T0, by="test")
+        cancellation.request(Executor(settings, dispatcher), settings, run_id, now=T0, by="test")
     first = sweeper.sweep(now)
     after_first = snapshot(settings, run_id)
     chains = len(dispatcher.chains)
@@ -346,7 +347,7 @@ def test_a_run_in_effects_past_its_step_timeout_states_a_deadline_ahead_of_its_h
     )
     clock = Clock(T0)
     run_id = launch(settings, definition, now=clock())
-    stepper = Stepper(settings, None, clock=clock)
+    stepper = Stepper(settings, Executor(settings, None), clock=clock)
     outcome = stepper.advance(run_id, 0, 0)
     while isinstance(outcome, Poll) and clock() < T0 + s(6):
         clock.advance(outcome.countdown)
@@ -357,7 +358,7 @@ def test_a_run_in_effects_past_its_step_timeout_states_a_deadline_ahead_of_its_h
     # Effects are bounded by their attempts, not by the step's timeout: the stated deadline
     # is the heartbeat's, so it lies ahead of a fresh heartbeat and a sweep leaves it be.
     assert run.deadline_at > run.heartbeat_at + s(settings.heartbeat_timeout)
-    report = Sweeper(settings, dispatcher).sweep(run.heartbeat_at + s(1))
+    report = Sweeper(settings, Executor(settings, dispatcher)).sweep(run.heartbeat_at + s(1))
     assert _did(report) == {}
     assert run_row(settings, run_id).status == RunStatus.WAITING.value
 
@@ -368,6 +369,6 @@ def _stop_was_handed_off(settings: Settings, dispatcher: Any, run_id: str, now: 
     assert dispatcher.stops == [(run_id, 0)]
     [turn] = ScriptedProvider(settings).turns(f"{run_id}:")
     assert turn["cancel_requested_at"] is None
-    assert turns.attempt(settings, run_id, 0, now) is None
+    assert turns.attempt(Executor(settings, None), settings, run_id, 0, now) is None
     [turn] = ScriptedProvider(settings).turns(f"{run_id}:")
     assert turn["cancel_requested_at"] is not None

@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 from orchestration import bounds, templating, turns
 from orchestration.db import utcnow
 from orchestration.errors import LimitExceeded
+from orchestration.execution import Halt, Poll, Stepper
+from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.states import TurnStopStatus
-from orchestration.stepper import Halt, Poll, Stepper
 from tests.unit.support import (
     PROPERTY,
     Clock,
@@ -77,7 +78,7 @@ def test_a_task_rendering_over_its_bound_fails_over_limit_and_starts_no_turn(
     settings = settings_factory(max_rendered_task_bytes=1000)
     definition = workflow(step_spec(task="{{ args.a }} " * 20))
     run_id = launch(settings, definition, {"a": "y" * 100}, now=clock())
-    assert Stepper(settings, None, clock=clock).advance(run_id, 0, 0) == Halt(
+    assert Stepper(settings, Executor(settings, None), clock=clock).advance(run_id, 0, 0) == Halt(
         "task renders over its bound"
     )
     run = run_row(settings, run_id)
@@ -91,7 +92,7 @@ def test_a_provider_run_id_over_its_bound_fails_over_limit_not_as_a_database_err
 ) -> None:
     settings = settings_factory(max_provider_id_chars=8)  # scripted ids are 29 characters
     run_id = launch(settings, workflow(), now=clock())
-    outcomes = drive(Stepper(settings, None, clock=clock), run_id)
+    outcomes = drive(Stepper(settings, Executor(settings, None), clock=clock), run_id)
     assert outcomes[-1] == Halt("provider run id over its bound")
     run = run_row(settings, run_id)
     assert (run.status, run.stop_reason) == ("failed", "over_limit")
@@ -114,7 +115,7 @@ def test_outputs_and_prompts_over_their_bound_fail_over_limit(
 ) -> None:
     settings = settings_factory(max_output_bytes=200, max_prompt_bytes=200)
     run_id = launch(settings, workflow(step_spec(with_=options)), now=clock())
-    assert drive(Stepper(settings, None, clock=clock), run_id)[-1] == Halt(halt)
+    assert drive(Stepper(settings, Executor(settings, None), clock=clock), run_id)[-1] == Halt(halt)
     run = run_row(settings, run_id)
     assert (run.status, run.stop_reason) == ("failed", "over_limit")
     assert run.error is not None and f"ORCH_MAX_{setting}_BYTES" in run.error
@@ -126,7 +127,9 @@ def test_a_long_provider_error_is_cut_to_its_bound_saying_so(
     settings = settings_factory(max_error_chars=300)
     options = {"states": [["failed"]], "error": "E" * 100_000}
     run_id = launch(settings, workflow(step_spec(with_=options)), now=clock())
-    assert drive(Stepper(settings, None, clock=clock), run_id)[-1] == Halt("turn failed")
+    assert drive(Stepper(settings, Executor(settings, None), clock=clock), run_id)[-1] == Halt(
+        "turn failed"
+    )
     run = run_row(settings, run_id)
     step = steps_of(settings, run_id)[0]
     assert run.error is not None and len(run.error) <= 300
@@ -143,7 +146,7 @@ def test_what_a_provider_returns_is_redacted_and_stripped_of_nul_before_it_is_st
     failing = {"states": [["failed"]], "error": f"auth header was Bearer {SECRET}"}
     done = launch(settings, workflow(step_spec(with_=echoed)), now=clock())
     failed = launch(settings, workflow(step_spec(with_=failing)), now=clock())
-    stepper = Stepper(settings, None, clock=clock)
+    stepper = Stepper(settings, Executor(settings, None), clock=clock)
     drive(stepper, done)
     drive(stepper, failed)
     output = steps_of(settings, done)[0].output
@@ -160,7 +163,8 @@ def test_a_timed_out_step_hands_its_turn_stop_to_the_stop_task(
     dispatcher = RecordingDispatcher()
     definition = workflow(step_spec(timeout=1, with_={"states": [["running", 600]]}))
     run_id = launch(settings, definition, now=clock())
-    stepper = Stepper(settings, dispatcher, clock=clock)
+    transact = Executor(settings, dispatcher)
+    stepper = Stepper(settings, transact, clock=clock)
     outcome = stepper.advance(run_id, 0, 0)
     assert isinstance(outcome, Poll)
     clock.advance(2)
@@ -168,10 +172,12 @@ def test_a_timed_out_step_hands_its_turn_stop_to_the_stop_task(
     # The provider was not called inside the step's transaction: the stop is pending, sent.
     assert dispatcher.stops == [(run_id, 0)]
     assert steps_of(settings, run_id)[0].turn_stop["status"] == "pending"
-    assert turns.attempt(settings, run_id, 0, clock()) is None
+    assert turns.attempt(transact, settings, run_id, 0, clock()) is None
     stop = steps_of(settings, run_id)[0].turn_stop
     assert (stop["status"], stop["attempts"], stop["error"]) == ("stopped", 1, None)
-    assert turns.attempt(settings, run_id, 0, clock()) is None, "a settled stop is not redone"
+    assert turns.attempt(transact, settings, run_id, 0, clock()) is None, (
+        "a settled stop is not redone"
+    )
 
 
 def test_cancel_stops_a_well_behaved_turn_inline_and_records_it(
@@ -180,7 +186,9 @@ def test_cancel_stops_a_well_behaved_turn_inline_and_records_it(
     settings = settings_factory()
     dispatcher = RecordingDispatcher()
     run_id = launch(settings, workflow(step_spec(with_={"states": [["running", 600]]})))
-    assert isinstance(Stepper(settings, dispatcher, clock=clock).advance(run_id, 0, 0), Poll)
+    assert isinstance(
+        Stepper(settings, Executor(settings, dispatcher), clock=clock).advance(run_id, 0, 0), Poll
+    )
     record = Orchestrator(settings, dispatcher, clock=clock).cancel(run_id, owner="owner-1")
     assert record.status == "cancelled"
     assert dispatcher.stops == []
@@ -216,15 +224,19 @@ def test_a_cancel_that_cannot_reach_its_provider_is_retried_then_recorded_failed
         provider_run_id="remote-1",
     )
     started = time.perf_counter()
-    record = Orchestrator(settings, dispatcher, clock=clock).cancel(run_id, owner="owner-1")
+    orchestrator = Orchestrator(settings, dispatcher, clock=clock)
+    record = orchestrator.cancel(run_id, owner="owner-1")
     assert record.status == "cancelled"
     assert time.perf_counter() - started < 0.5 + 2.0
     assert dispatcher.stops == [(run_id, 0)]
     stop = steps_of(settings, run_id)[0].turn_stop
     assert (stop["status"], stop["attempts"]) == ("pending", 1)
     assert "cannot reach" in stop["error"]
-    assert turns.attempt(settings, run_id, 0, clock()) == 2.0
-    assert turns.attempt(settings, run_id, 0, clock() + timedelta(seconds=2)) is None
+    assert turns.attempt(orchestrator.transact, settings, run_id, 0, clock()) == 2.0
+    assert (
+        turns.attempt(orchestrator.transact, settings, run_id, 0, clock() + timedelta(seconds=2))
+        is None
+    )
     stop = steps_of(settings, run_id)[0].turn_stop
     assert (stop["status"], stop["attempts"]) == ("failed", 3)
     assert stop["error"].startswith("gave up after 3 attempts")

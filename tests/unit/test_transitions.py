@@ -13,10 +13,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from orchestration import claims
-from orchestration.closing import close_run
+from orchestration.closing import end_run
 from orchestration.db import session_scope, upgrade
 from orchestration.errors import IllegalTransition, RunNotFound
+from orchestration.followups import Done, Followups
 from orchestration.models import Run, Step
+from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
 from orchestration.states import (
     RUN_TERMINAL,
@@ -24,6 +26,7 @@ from orchestration.states import (
     STEP_TERMINAL,
     STEP_TRANSITIONS,
     STOP_REASONS,
+    ClaimState,
     RunStatus,
     StepStatus,
     StopReason,
@@ -274,7 +277,7 @@ def test_touch_step_does_not_write_a_terminal_step(settings: Settings) -> None:
     assert snapshot(settings, run_id) == before
 
 
-# -- close_run -----------------------------------------------------------------------------
+# -- end_run -------------------------------------------------------------------------------
 
 _CLOSE_CASES: list[tuple[RunStatus, StopReason, StepStatus, StepStatus]] = [
     # (run end, stop reason, end of the started step, end of the pending steps)
@@ -287,7 +290,7 @@ _CLOSE_CASES: list[tuple[RunStatus, StopReason, StepStatus, StepStatus]] = [
 
 @pytest.mark.parametrize(("to", "reason", "started_end", "pending_end"), _CLOSE_CASES)
 @pytest.mark.parametrize("started", [StepStatus.RUNNING, StepStatus.PARKED])
-def test_close_run_ends_every_live_step_in_one_go(
+def test_end_run_ends_every_live_step_in_one_go(
     settings: Settings,
     to: RunStatus,
     reason: StopReason,
@@ -299,8 +302,9 @@ def test_close_run_ends_every_live_step_in_one_go(
     force_step(settings, run_id, 0, status=StepStatus.COMPLETED.value)
     force_step(settings, run_id, 1, status=started.value)
     before = events_of(settings, run_id)
+    assert run_row(settings, run_id).status == RunStatus.RUNNING.value
     with session_scope(settings.database_url) as session:
-        left = close_run(
+        end_run(
             session,
             settings,
             run_id,
@@ -310,9 +314,7 @@ def test_close_run_ends_every_live_step_in_one_go(
             now=T1,
             error="why",
             step_error="step why",
-            dispatcher=None,
         )
-    assert left is RunStatus.RUNNING
     run = run_row(settings, run_id)
     assert (run.status, run.stop_reason, run.error, run.finished_at) == (
         to.value,
@@ -327,24 +329,24 @@ def test_close_run_ends_every_live_step_in_one_go(
         pending_end.value,
     ]
     new = events_of(settings, run_id)[len(before) :]
-    assert [(e.step_id, e.to_status) for e in new] == [
-        (None, to.value),
-        ("s1", started_end.value),
-        ("s2", pending_end.value),
-        ("s3", pending_end.value),
+    assert [(e.step_id, e.from_status, e.to_status) for e in new] == [
+        (None, RunStatus.RUNNING.value, to.value),  # the status the run left
+        ("s1", started.value, started_end.value),
+        ("s2", StepStatus.PENDING.value, pending_end.value),
+        ("s3", StepStatus.PENDING.value, pending_end.value),
     ]
     assert {(e.at, e.cause) for e in new} == {(T1, "closing")}
     assert steps_of(settings, run_id)[1].error == "step why"
 
 
-def test_close_run_is_one_transaction(settings: Settings) -> None:
+def test_end_run_is_one_transaction(settings: Settings) -> None:
     """If any step cannot be ended, the run's own transition is rolled back with it."""
     run_id = _run_in(settings, RunStatus.RUNNING, steps=2)
     force_step(settings, run_id, 0, status=StepStatus.RUNNING.value)
     before = snapshot(settings, run_id)
     # ``completed`` ends unfinished steps as ``skipped``, which a running step cannot become.
     with pytest.raises(IllegalTransition), session_scope(settings.database_url) as session:
-        close_run(
+        end_run(
             session,
             settings,
             run_id,
@@ -352,15 +354,14 @@ def test_close_run_is_one_transaction(settings: Settings) -> None:
             stop_reason=StopReason.COMPLETED,
             cause="closing",
             now=T1,
-            dispatcher=None,
         )
     assert snapshot(settings, run_id) == before
 
 
-def test_close_run_of_a_terminal_run_raises_and_writes_nothing(settings: Settings) -> None:
+def test_end_run_of_a_terminal_run_raises_and_writes_nothing(settings: Settings) -> None:
     run_id = _run_in(settings, RunStatus.RUNNING)
     with session_scope(settings.database_url) as session:
-        close_run(
+        end_run(
             session,
             settings,
             run_id,
@@ -368,11 +369,10 @@ def test_close_run_of_a_terminal_run_raises_and_writes_nothing(settings: Setting
             stop_reason=StopReason.STEP_FAILED,
             cause="first",
             now=T1,
-            dispatcher=None,
         )
     before = snapshot(settings, run_id)
     with pytest.raises(IllegalTransition), session_scope(settings.database_url) as session:
-        close_run(
+        end_run(
             session,
             settings,
             run_id,
@@ -380,21 +380,21 @@ def test_close_run_of_a_terminal_run_raises_and_writes_nothing(settings: Setting
             stop_reason=StopReason.CANCEL_REQUESTED,
             cause="second",
             now=T1 + s(1),
-            dispatcher=None,
         )
     assert snapshot(settings, run_id) == before
 
 
-def test_close_run_passes_the_claim_to_the_next_queued_run(settings: Settings) -> None:
+def test_end_run_passes_the_claim_to_the_next_queued_run(settings: Settings) -> None:
     holder = launch(settings, concurrency_key="k")
     waiting = launch(settings, concurrency_key="k", on_conflict=claims.OnConflict.ENQUEUE)
     assert (run_row(settings, holder).claim, run_row(settings, waiting).claim) == (
-        claims.HOLDING,
-        claims.QUEUED,
+        ClaimState.HOLDING,
+        ClaimState.QUEUED,
     )
     dispatcher = RecordingDispatcher()
-    with session_scope(settings.database_url) as session:
-        close_run(
+
+    def work(session: Session) -> Done[Followups]:
+        then = end_run(
             session,
             settings,
             holder,
@@ -402,12 +402,16 @@ def test_close_run_passes_the_claim_to_the_next_queued_run(settings: Settings) -
             stop_reason=StopReason.STEP_FAILED,
             cause="done",
             now=T1,
-            dispatcher=dispatcher,
         )
         assert dispatcher.chains == [], "the chain must not be sent before the commit"
+        return Done(then, then)
+
+    then = Executor(settings, dispatcher)(work)
+    assert [plan.run_id for plan in then.chains] == [waiting]
     assert run_row(settings, holder).claim is None
-    assert run_row(settings, waiting).claim == claims.HOLDING
+    assert run_row(settings, waiting).claim == ClaimState.HOLDING
     assert [plan.run_id for plan in dispatcher.chains] == [waiting]
+    assert dispatcher.chains[0].task_ids == run_row(settings, waiting).task_ids
 
 
 # -- compare-and-set under a concurrent writer ----------------------------------------------

@@ -19,6 +19,7 @@ from orchestration.errors import (
     OrchestrationError,
     ValidationError,
 )
+from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
 from tests.unit.support import (
@@ -554,8 +555,8 @@ def _launch_or_refuse(settings: Settings, data: Any, args: Any, owner: str) -> N
     before = counts(settings)
     try:
         run_id = launching.launch(
+            Executor(settings, dispatcher),
             settings,
-            dispatcher,
             data,
             args,
             owner=owner,

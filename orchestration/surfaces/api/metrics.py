@@ -45,8 +45,8 @@ from sqlalchemy.engine import make_url
 
 from orchestration import summaries
 from orchestration.db import session_scope, utcnow
-from orchestration.liveness import sweeper_age
 from orchestration.models import Run
+from orchestration.runtime.liveness import sweeper_age
 from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, RUN_TERMINAL, STOP_REASONS, Health, RunStatus
 

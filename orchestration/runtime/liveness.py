@@ -12,12 +12,22 @@ from typing import Any
 from kombu.connection import Connection
 from sqlalchemy import text
 
-from orchestration.db import get_engine, utcnow
+from orchestration.db import get_engine, session_scope, utcnow
+from orchestration.models import SweeperBeat
 from orchestration.settings import Settings
-from orchestration.sweeper import last_pass
+from orchestration.sweeper import SWEEPER_NAME
 
 #: The sweeper counts as dead after this many missed intervals.
 SWEEPER_MISSED_INTERVALS = 3
+
+
+def last_pass(settings: Settings) -> SweeperBeat | None:
+    """The sweeper's liveness row (``None`` before its first pass)."""
+    with session_scope(settings.database_url) as session:
+        beat = session.get(SweeperBeat, SWEEPER_NAME)
+        if beat is not None:
+            session.expunge(beat)
+        return beat
 
 
 def sweeper_age(settings: Settings, now: datetime) -> float | None:

@@ -21,12 +21,13 @@ from rich.live import Live
 from rich.table import Table
 
 from orchestration.db import dispose_engines, upgrade
-from orchestration.dispatch import client_dispatcher
-from orchestration.embedded import EmbeddedBroker
-from orchestration.processes import start_worker
 from orchestration.records import RunRecord
+from orchestration.runtime.celery_queue import client_queue
+from orchestration.runtime.embedded import EmbeddedBroker
+from orchestration.runtime.processes import start_worker
 from orchestration.settings import get_settings
 from orchestration.states import RUN_TERMINAL, RunStatus
+from orchestration.surfaces import display
 from orchestration.workflows import load_file
 
 EXAMPLES = Path(__file__).parent / "examples"
@@ -70,7 +71,6 @@ def run_demo(console: Console) -> int:
 
 
 def _run(console: Console, folder: Path) -> int:
-    from orchestration.cli import _show
     from orchestration.service import Orchestrator
 
     with EmbeddedBroker() as broker:
@@ -89,7 +89,7 @@ def _run(console: Console, folder: Path) -> int:
         try:
             worker.wait_for_log("ready.", timeout=60)
             console.print(f"[bold]worker[/] pid {worker.pid} ready (prefork, 2 processes)")
-            orch = Orchestrator(settings, client_dispatcher(settings))
+            orch = Orchestrator(settings, client_queue(settings))
             first = orch.launch(
                 load_file(EXAMPLES / "research.yaml"), {"topic": "octopuses"}, owner="demo"
             )
@@ -100,8 +100,8 @@ def _run(console: Console, folder: Path) -> int:
         finally:
             worker.stop()
     console.rule("final records")
-    _show(first)
-    _show(second)
+    display.show(console, first)
+    display.show(console, second)
     console.print(f"cancel() returned a terminal row in {cancel_seconds * 1000:.0f} ms")
     ok = first.status == RunStatus.COMPLETED and second.status == RunStatus.CANCELLED
     console.print("[green]demo passed[/]" if ok else "[red]demo failed[/]")

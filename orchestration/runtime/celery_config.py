@@ -1,5 +1,5 @@
 """The Celery configuration, built from settings: one function, used by the worker app in
-``tasks/`` and by the dispatch-only client app in :mod:`orchestration.dispatch`."""
+``tasks/`` and by the send-only client app in :mod:`orchestration.runtime.celery_queue`."""
 
 from __future__ import annotations
 

@@ -13,13 +13,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestration.api import paging
-from orchestration.api.auth import ApiOwner, Orch
 from orchestration.claims import OnConflict
 from orchestration.errors import ValidationError
 from orchestration.records import RunRecord
 from orchestration.service import MAX_PAGE
 from orchestration.summaries import RunSummary
+from orchestration.surfaces.api import paging
+from orchestration.surfaces.api.auth import ApiOwner, Orch
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

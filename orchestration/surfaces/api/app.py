@@ -15,12 +15,11 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from orchestration import metrics
-from orchestration.api import dashboard, errors, runs, tokens
-from orchestration.api.auth import orchestrator as app_orchestrator
-from orchestration.api.limits import BodyLimit, max_body_bytes
-from orchestration.liveness import check
+from orchestration.runtime.liveness import check
 from orchestration.service import Orchestrator
+from orchestration.surfaces.api import dashboard, errors, metrics, runs, tokens
+from orchestration.surfaces.api.auth import orchestrator as app_orchestrator
+from orchestration.surfaces.api.limits import BodyLimit, max_body_bytes
 
 #: Error responses every authenticated route may give, documented once in the schema.
 _ERROR_SCHEMA = {

@@ -68,7 +68,16 @@ class ManagedProcess:
 
 
 def celery_argv(*args: str) -> list[str]:
+    """The command line of ``celery -A tasks ARGS`` in a new process."""
     return [sys.executable, "-m", "celery", "-A", "tasks", *args]
+
+
+def celery_here(*args: str) -> None:
+    """``celery -A tasks ARGS`` in this process (``orchestration worker`` and ``beat``): the
+    worker's app is found by name, so no surface imports ``tasks``."""
+    from celery.bin.celery import celery
+
+    celery.main(args=["-A", "tasks", *args], prog_name="celery", standalone_mode=False)
 
 
 def start_worker(

@@ -13,8 +13,8 @@ import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestration.api.errors import error_body
 from orchestration.errors import ConfigurationError
+from orchestration.surfaces.api.errors import error_body
 
 #: Default limit on a request body (bytes). Launch args are also bounded by
 #: ``ORCH_MAX_ARGS_BYTES``; this bound covers the whole body, workflow included.

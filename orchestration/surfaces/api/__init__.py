@@ -1,5 +1,5 @@
 """The HTTP surface: the JSON API, the runs dashboard and ``/metrics``.
 
 Nothing is imported here, so ``orchestration --help`` does not pay for FastAPI; the app lives
-in :mod:`orchestration.api.app`.
+in :mod:`orchestration.surfaces.api.app`.
 """

@@ -26,6 +26,7 @@ from orchestration.errors import ConfigurationError, OrchestrationError, Validat
 from orchestration.records import RunRecord
 from orchestration.settings import get_settings
 from orchestration.states import RUN_TERMINAL, RunStatus
+from orchestration.surfaces import display
 
 
 class _SettingsFirst(TyperGroup):
@@ -55,19 +56,6 @@ app.add_typer(db_app, name="db")
 
 out = Console()
 err = Console(stderr=True)
-
-_STATUS_STYLE = {
-    "completed": "green",
-    "failed": "red",
-    "cancelled": "yellow",
-    "timed_out": "red",
-    "interrupted": "magenta",
-    "running": "cyan",
-    "waiting": "cyan",
-    "parked": "blue",
-    "cancelling": "yellow",
-    "queued": "white",
-}
 
 Owner = Annotated[
     str | None, typer.Option("--owner", help="Owner of the runs (default: ORCH_OWNER).")
@@ -99,35 +87,8 @@ def _record_json(record: RunRecord) -> dict[str, Any]:
     return record.model_dump(mode="json")
 
 
-def _styled(status: str) -> str:
-    return f"[{_STATUS_STYLE.get(status, 'white')}]{status}[/]"
-
-
 def _show(record: RunRecord) -> None:
-    out.print(
-        f"run [bold]{record.id}[/]  {_styled(record.status)}  health={record.health}  "
-        f"workflow={record.workflow_name}"
-    )
-    if record.stop_reason:
-        out.print(f"  stop_reason: {record.stop_reason}")
-    if record.error:
-        out.print(f"  error: [red]{record.error}[/]")
-    if record.result is not None:
-        out.print(f"  result: {json.dumps(record.result, ensure_ascii=False)[:500]}")
-    deadline = record.deadline_at.isoformat(timespec="seconds") if record.deadline_at else "-"
-    out.print(f"  deadline_at: {deadline}")
-    table = Table("step", "provider", "status", "attempt", "polls", "provider says", "output")
-    for step in record.steps:
-        table.add_row(
-            step.step_id,
-            step.provider,
-            _styled(step.status),
-            str(step.attempt),
-            str(step.polls),
-            step.last_provider_status or "-",
-            json.dumps(step.output, ensure_ascii=False)[:60] if step.output is not None else "-",
-        )
-    out.print(table)
+    display.show(out, record)
 
 
 def _one_line(text: str) -> str:
@@ -253,7 +214,7 @@ def runs(
         table.add_row(
             record.id,
             record.workflow_name,
-            _styled(record.status),
+            display.styled(record.status),
             record.health,
             record.created_at.isoformat(timespec="seconds"),
             record.deadline_at.isoformat(timespec="seconds") if record.deadline_at else "-",
@@ -319,13 +280,13 @@ def explain(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
 def sweep(as_json: AsJson = False) -> None:
     """Run one sweeper pass now (beat does this every ORCH_SWEEP_INTERVAL)."""
     from orchestration.db import check_ready
-    from orchestration.dispatch import client_dispatcher
+    from orchestration.runtime.celery_queue import client_executor
     from orchestration.sweeper import Sweeper
 
     settings = get_settings()
     try:
         check_ready(settings.database_url)
-        report = Sweeper(settings, client_dispatcher(settings)).sweep()
+        report = Sweeper(settings, client_executor(settings)).sweep()
     except OrchestrationError as exc:
         _fail(exc, as_json)
     if as_json:
@@ -337,7 +298,7 @@ def sweep(as_json: AsJson = False) -> None:
 @app.command()
 def health(as_json: AsJson = False) -> None:
     """Check the database, the broker and the sweeper's liveness; exit 1 if any is down."""
-    from orchestration.liveness import check
+    from orchestration.runtime.liveness import check
 
     report = check(get_settings())
     if as_json:
@@ -356,17 +317,17 @@ _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 @app.command(context_settings=_PASSTHROUGH)
 def worker(ctx: typer.Context) -> None:
     """Start a Celery worker (prefork); extra arguments go to `celery worker`."""
-    from tasks import app as celery_app
+    from orchestration.runtime.processes import celery_here
 
-    celery_app.worker_main(["worker", "--loglevel", "INFO", "-E", *ctx.args])
+    celery_here("worker", "--loglevel", "INFO", "-E", *ctx.args)
 
 
 @app.command(context_settings=_PASSTHROUGH)
 def beat(ctx: typer.Context) -> None:
     """Start Celery beat (run exactly one); extra arguments go to `celery beat`."""
-    from tasks import app as celery_app
+    from orchestration.runtime.processes import celery_here
 
-    celery_app.start(["beat", "--loglevel", "INFO", *ctx.args])
+    celery_here("beat", "--loglevel", "INFO", *ctx.args)
 
 
 @db_app.command("upgrade")
@@ -388,13 +349,13 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
 def demo() -> None:
     """Run the demo: embedded broker, SQLite, a real worker; one run completes, one is
     cancelled mid-flight."""
-    from orchestration.demo import run_demo
+    from orchestration.surfaces.demo import run_demo
 
     raise typer.Exit(run_demo(out))
 
 
 def _register_extensions() -> None:
-    from orchestration.api.commands import register
+    from orchestration.surfaces.api.commands import register
 
     register(app)
 

@@ -4,7 +4,7 @@ The JSON API accepts only the ``Authorization`` header, so a browser holding the
 cookie cannot be tricked into calling it cross-site; the dashboard's own forms carry a CSRF
 value derived from the token (:func:`csrf_value`) and the cookie is ``SameSite=Strict``. The
 sign-in form, which has no token yet, uses a double-submit cookie instead (see
-:mod:`orchestration.api.dashboard`).
+:mod:`orchestration.surfaces.api.dashboard`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from orchestration.api import tokens
-from orchestration.api.errors import ApiError
 from orchestration.db import session_scope
 from orchestration.service import Orchestrator
+from orchestration.surfaces.api import tokens
+from orchestration.surfaces.api.errors import ApiError
 
 #: The dashboard's cookie; it holds the same bearer token.
 COOKIE = "orch_token"

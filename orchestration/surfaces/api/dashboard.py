@@ -22,8 +22,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from orchestration.api import paging
-from orchestration.api.auth import (
+from orchestration.errors import OrchestrationError, RunNotFound
+from orchestration.service import Orchestrator
+from orchestration.states import RUN_TERMINAL, Health, RunStatus
+from orchestration.surfaces.api import paging
+from orchestration.surfaces.api.auth import (
     COOKIE,
     csrf_ok,
     csrf_value,
@@ -31,10 +34,7 @@ from orchestration.api.auth import (
     resolve,
     same_secret,
 )
-from orchestration.api.auth import orchestrator as app_orchestrator
-from orchestration.errors import OrchestrationError, RunNotFound
-from orchestration.service import Orchestrator
-from orchestration.states import RUN_TERMINAL, Health, RunStatus
+from orchestration.surfaces.api.auth import orchestrator as app_orchestrator
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 

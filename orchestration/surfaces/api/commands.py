@@ -35,7 +35,7 @@ def serve(
     """Serve the HTTP API, the dashboard and /metrics (uvicorn)."""
     import uvicorn
 
-    from orchestration.api.app import create_app
+    from orchestration.surfaces.api.app import create_app
 
     try:
         app = create_app()
@@ -50,9 +50,9 @@ def create(
     name: Annotated[str | None, typer.Option("--name", help="A label, e.g. ci or alice.")] = None,
 ) -> None:
     """Create a token and print it once (only its hash is stored)."""
-    from orchestration.api import tokens
     from orchestration.db import session_scope, utcnow
     from orchestration.settings import get_settings
+    from orchestration.surfaces.api import tokens
 
     url = get_settings().database_url
     try:
@@ -73,9 +73,9 @@ def list_tokens(
     owner: Annotated[str | None, typer.Option("--owner", help="Only this owner's.")] = None,
 ) -> None:
     """List tokens by id (a hash prefix), owner, name and state; never the tokens."""
-    from orchestration.api import tokens
     from orchestration.db import session_scope
     from orchestration.settings import get_settings
+    from orchestration.surfaces.api import tokens
 
     url = get_settings().database_url
     try:
@@ -101,9 +101,9 @@ def revoke(
     token: Annotated[str, typer.Argument(help="The token, or its id from `tokens list`.")],
 ) -> None:
     """Revoke a token: requests with it get 401 from now on (idempotent)."""
-    from orchestration.api import tokens
     from orchestration.db import session_scope, utcnow
     from orchestration.settings import get_settings
+    from orchestration.surfaces.api import tokens
 
     url = get_settings().database_url
     try:

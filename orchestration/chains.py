@@ -1,0 +1,102 @@
+"""Chains of step tasks: planned, stored and returned for sending in bounded segments.
+
+:func:`arm` is the one way a chain is (re)sent: at launch, when a queued run gets its claim,
+when the sweeper re-arms a dead heartbeat, when ``answer`` resumes a human park, and when the
+last link of a segment finishes its step. A segment holds at most :data:`SEGMENT_LINKS`
+links, so a step message stays the same size whatever the run's length; a polling step's
+retry carries no chain at all (the step task drops it), and the step that finishes without
+a next link in its message arms the next segment in the same transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, select, text, update
+from sqlalchemy.orm import Session
+
+from orchestration import deadlines, specs
+from orchestration.followups import ChainPlan, Followups, Link
+from orchestration.models import Run, Step
+from orchestration.settings import Settings
+from orchestration.states import STEP_LIVE
+from orchestration.transitions import touch_run
+
+#: Most step tasks one chain message carries (itself and the links after it).
+SEGMENT_LINKS = 8
+
+#: A literal condition (an IN list cannot be expanded inside an executemany).
+_LIVE_STEP_SQL = text(
+    "status IN ({})".format(", ".join(f"'{status.value}'" for status in sorted(STEP_LIVE)))
+)
+
+
+def plan_chain(run_id: str, first_index: int, count: int, first_tick: int = 0) -> ChainPlan:
+    """Choose task ids for one segment from step ``first_index`` of a ``count``-step run."""
+    last = min(count, first_index + SEGMENT_LINKS)
+    return ChainPlan(
+        run_id,
+        tuple(
+            Link(index, uuid.uuid4().hex, first_tick if index == first_index else 0)
+            for index in range(first_index, last)
+        ),
+    )
+
+
+def arm(
+    session: Session,
+    settings: Settings,
+    run: Run,
+    *,
+    now: datetime,
+    claim: str | None = None,
+    rearm: bool = False,
+    first_index: int | None = None,
+) -> Followups:
+    """Plan a segment from the run's first unfinished step (or ``first_index``), store its
+    task ids, stamp the heartbeat and the deadline, and return it to send after commit.
+
+    The first link carries the step's current fencing tick, so whichever of this message and a
+    late redelivery of the old one runs first wins, and the other is a no-op.
+    """
+    # Transitions write SQL directly: read the rows as they are now, not as this session
+    # first loaded them (``answer`` has just reset the step's start, for one).
+    session.refresh(run)
+    query = select(Step).where(Step.run_id == run.id, Step.status.in_([s.value for s in STEP_LIVE]))
+    if first_index is not None:
+        query = query.where(Step.index >= first_index)
+    first = session.scalars(
+        query.order_by(Step.index).limit(1).execution_options(populate_existing=True)
+    ).first()
+    if first is None:
+        return Followups()
+    steps = specs.of_run(session, run.id)
+    plan = plan_chain(run.id, first.index, len(steps), first.polls)
+    values: dict[str, Any] = {
+        "task_ids": [*run.task_ids, *plan.task_ids],
+        "heartbeat_at": now,
+        "current_step": first.index,
+        "deadline_at": deadlines.for_run(
+            settings,
+            run,
+            deadlines.step_timeout_at(first.started_at, steps[first.index].timeout),
+            heartbeat_at=now,
+        ),
+    }
+    if claim is not None:
+        values["claim"] = claim
+    if rearm:
+        values["rearms"] = Run.rearms + 1
+    touch_run(session, run.id, now, **values)
+    # One executemany for the segment; guarded like every step write: only live steps take a
+    # task id, and a step's index is its position in the run.
+    table = cast(Table, Step.__table__)
+    session.execute(
+        update(table)
+        .where(table.c.run_id == run.id, table.c.index == bindparam("step_index"), _LIVE_STEP_SQL)
+        .values(celery_task_id=bindparam("task_id"), updated_at=now),
+        [{"step_index": link.index, "task_id": link.task_id} for link in plan.links],
+    )
+    return Followups(chains=(plan,))

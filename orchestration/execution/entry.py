@@ -1,0 +1,214 @@
+"""The start of every execution: fence, stamp and read, in the execution's first transaction.
+
+The fence is ``UPDATE steps SET polls = tick + 1 WHERE polls = tick``, returning what the phase
+needs. The tick travels in the message, so of two deliveries of the same message (acks_late,
+visibility-timeout redelivery, a re-arm racing a late original) exactly one proceeds and the
+other halts without writing. The stamp writes the heartbeat and the deadline with a
+compare-and-set on the run's status: for a running run (every poll) it is one statement; any
+other status is read first and stamped on the status it was read in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from orchestration import deadlines, specs
+from orchestration.execution.outcomes import Halt
+from orchestration.models import Run, Step
+from orchestration.settings import Settings
+from orchestration.states import RUN_TERMINAL, STEP_LIVE, ParkReason, RunStatus, StepStatus
+from orchestration.workflows import StepSpec
+
+_LIVE_STEPS = [status.value for status in STEP_LIVE]
+
+
+class Phase(StrEnum):
+    """What an execution does after its fence."""
+
+    START = "start"
+    POLL = "poll"
+    EFFECTS = "effects"
+    HUMAN = "human"
+    CANCEL = "cancel"
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """The step's columns an execution reads, as the fence returned them."""
+
+    pk: int
+    step_id: str
+    provider: str
+    status: StepStatus
+    provider_run_id: str | None
+    idempotency_key: str
+    attempt: int
+    started_at: datetime | None
+    last_provider_status: str | None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A fenced execution: its phase, its new tick, the step and the run's status."""
+
+    phase: Phase
+    tick: int
+    step: StepRow
+    spec: StepSpec
+    run_status: RunStatus
+
+
+def enter(
+    session: Session,
+    settings: Settings,
+    run_id: str,
+    index: int,
+    tick: int,
+    now: datetime,
+    *,
+    worker: str | None,
+    pid: int | None,
+) -> Entry | Halt:
+    """Fence the step with ``tick`` and stamp the run; a :class:`Halt` when this delivery
+    must not proceed (a duplicate, a stale one, or the run or step has ended)."""
+    fenced = session.execute(
+        update(Step)
+        .where(
+            Step.run_id == run_id,
+            Step.index == index,
+            Step.polls == tick,
+            Step.status.in_(_LIVE_STEPS),
+        )
+        .values(polls=tick + 1, worker=worker, worker_pid=pid, updated_at=now)
+        .returning(
+            Step.pk,
+            Step.step_id,
+            Step.provider,
+            Step.status,
+            Step.provider_run_id,
+            Step.idempotency_key,
+            Step.attempt,
+            Step.started_at,
+            Step.last_provider_status,
+        )
+        .execution_options(synchronize_session=False)
+    ).first()
+    if fenced is None:
+        return _why_not(session, run_id, index)
+    pk, step_id, provider, status, provider_run_id, key, attempt, started_at, last = fenced
+    step = StepRow(
+        pk,
+        step_id,
+        provider,
+        StepStatus(status),
+        provider_run_id,
+        str(key),
+        attempt,
+        started_at,
+        last,
+    )
+    spec = specs.of_run(session, run_id)[index]
+    timeout_at = deadlines.step_timeout_at(step.started_at, spec.timeout)
+    stamped = session.execute(
+        update(Run)
+        .where(
+            Run.id == run_id,
+            Run.status == RunStatus.RUNNING.value,
+            Run.cancel_requested_at.is_(None),
+        )
+        .values(
+            heartbeat_at=now,
+            current_step=index,
+            updated_at=now,
+            deadline_at=deadlines.compute(
+                settings, RunStatus.RUNNING, heartbeat_at=now, step_timeout_at=timeout_at
+            ),
+        )
+        .returning(Run.park_reason)
+        .execution_options(synchronize_session=False)
+    ).first()
+    if stamped is not None:
+        return Entry(
+            _phase(step, RunStatus.RUNNING, None, None, index),
+            tick + 1,
+            step,
+            spec,
+            RunStatus.RUNNING,
+        )
+    return _stamp_other(session, settings, run_id, index, step, spec, timeout_at, tick, now)
+
+
+def _stamp_other(
+    session: Session,
+    settings: Settings,
+    run_id: str,
+    index: int,
+    step: StepRow,
+    spec: StepSpec,
+    timeout_at: datetime | None,
+    tick: int,
+    now: datetime,
+) -> Entry:
+    """Stamp a run that is not plainly running (queued, parked, waiting, cancelling): read
+    its status, compute the deadline for it, compare-and-set on it."""
+    for _ in range(3):
+        run = session.scalars(
+            select(Run).where(Run.id == run_id).execution_options(populate_existing=True)
+        ).first()
+        if run is None or run.status in RUN_TERMINAL or run.cancel_requested_at is not None:
+            break
+        status = RunStatus(run.status)
+        stamped = session.execute(
+            update(Run)
+            .where(
+                Run.id == run_id,
+                Run.status == status.value,
+                Run.cancel_requested_at.is_(None),
+            )
+            .values(
+                heartbeat_at=now,
+                current_step=index,
+                updated_at=now,
+                deadline_at=deadlines.for_run(settings, run, timeout_at, heartbeat_at=now),
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if stamped.rowcount == 1:  # type: ignore[attr-defined]
+            phase = _phase(step, status, run.park_reason, run.current_step, index)
+            return Entry(phase, tick + 1, step, spec, status)
+    return Entry(Phase.CANCEL, tick + 1, step, spec, RunStatus.CANCELLING)
+
+
+def _phase(
+    step: StepRow,
+    run_status: RunStatus,
+    park_reason: str | None,
+    current_step: int | None,
+    index: int,
+) -> Phase:
+    if run_status is RunStatus.WAITING and current_step == index:
+        return Phase.EFFECTS
+    if step.status is StepStatus.PARKED and park_reason == ParkReason.HUMAN:
+        return Phase.HUMAN
+    if step.status is StepStatus.PENDING or step.provider_run_id is None:
+        return Phase.START
+    return Phase.POLL
+
+
+def _why_not(session: Session, run_id: str, index: int) -> Halt:
+    status = session.scalar(select(Run.status).where(Run.id == run_id))
+    if status is None:
+        return Halt("no such run")
+    if status in RUN_TERMINAL:
+        return Halt(f"run is {status}")
+    step_status = session.scalar(
+        select(Step.status).where(Step.run_id == run_id, Step.index == index)
+    )
+    if step_status is None or step_status not in _LIVE_STEPS:
+        return Halt("step already finished")
+    return Halt("duplicate or stale delivery")

@@ -1,0 +1,153 @@
+"""A finished turn: its output recorded, its effects settled, the step completed and the run
+moved on, in one transaction when the effects ran inline (the checkpoint alone, the default).
+
+With a webhook configured, effects go through the outbox: the output is recorded and the run
+waits (``waiting``) while the effects phase runs them with bounded attempts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from orchestration import bounds, chains, closing, deadlines, effects
+from orchestration.execution.outcomes import Halt, Outcome, Poll, Proceed
+from orchestration.execution.parking import unpark
+from orchestration.execution.rows import fail
+from orchestration.followups import Done, Followups
+from orchestration.models import Run, Step
+from orchestration.settings import Settings
+from orchestration.states import RunStatus, StepStatus, StopReason
+from orchestration.transitions import touch_run, touch_step, transition_run, transition_step
+
+
+@dataclass(frozen=True)
+class EffectsDue:
+    """The output is recorded and the run waits: run the step's effects now."""
+
+
+def finish(
+    session: Session,
+    settings: Settings,
+    run: Run,
+    step: Step,
+    output: Any,
+    now: datetime,
+    *,
+    captured: tuple[Any, str | None] | None,
+    steps: int,
+    chained: bool,
+) -> Done[Outcome | EffectsDue]:
+    """Record the turn's output; with ``captured`` (the inline checkpoint attempt), settle the
+    effects and complete the step in this transaction."""
+    too_big = bounds.over(output, settings.max_output_bytes, "the output", "ORCH_MAX_OUTPUT_BYTES")
+    if too_big:
+        return Done(
+            Halt("output too large"),
+            fail(session, settings, run.id, f"step {step.step_id}: {too_big}", now, over=True),
+        )
+    unpark(session, run, step, now)
+    touch_step(session, step, now, output=output, error=None)
+    if captured is not None:
+        progress = effects.record_capture(session, settings, step, captured, now)
+        if progress.settled:
+            return complete(
+                session, settings, run, step, output, progress, now, steps=steps, chained=chained
+            )
+    else:
+        effects.enqueue(session, settings, step, now=now)
+    transition_run(
+        session,
+        run.id,
+        RunStatus.WAITING,
+        cause=f"step {step.step_id} turn finished; running effects",
+        now=now,
+    )
+    if captured is None:
+        return Done(EffectsDue())
+    wait = 0.0
+    if progress.next_due is not None:
+        wait = max(0.0, (progress.next_due - now).total_seconds())
+    return Done(Poll(wait, step.polls))
+
+
+def complete(
+    session: Session,
+    settings: Settings,
+    run: Run,
+    step: Step,
+    output: Any,
+    progress: effects.Progress,
+    now: datetime,
+    *,
+    steps: int,
+    chained: bool,
+) -> Done[Outcome | EffectsDue]:
+    """Effects settled: complete the step and move the run to the next step, or end it.
+
+    ``chained`` says whether this execution's message carries the next link; if not (the
+    last link of a segment, or a step that polled), the next segment is armed here."""
+    if progress.exhausted and settings.effect_policy == "fail":
+        return Done(
+            Halt("effect exhausted its attempts"),
+            closing.end_run(
+                session,
+                settings,
+                run.id,
+                RunStatus.FAILED,
+                stop_reason=StopReason.EFFECT_FAILED,
+                cause=f"step {step.step_id}: an effect exhausted its attempts",
+                now=now,
+                error=f"step {step.step_id}: " + "; ".join(progress.exhausted),
+                step_error="; ".join(progress.exhausted),
+                revoke=False,
+                stop_turns=False,
+            ),
+        )
+    failed = "; ".join(progress.exhausted)
+    transition_step(
+        session,
+        step,
+        StepStatus.COMPLETED,
+        cause="turn finished and effects ran" + (f"; {failed}" if failed else ""),
+        now=now,
+        values={"error": failed or None},
+    )
+    if step.index == steps - 1:
+        then = closing.end_run(
+            session,
+            settings,
+            run.id,
+            RunStatus.COMPLETED,
+            stop_reason=StopReason.COMPLETED,
+            cause="last step completed",
+            now=now,
+            result=output,
+            revoke=False,
+        )
+        return Done(Proceed(), then)
+    # The next step has not started: until its first execution stamps the run, the deadline
+    # is the heartbeat's (the finished step's timeout no longer bounds anything).
+    values = {
+        "current_step": step.index + 1,
+        "heartbeat_at": now,
+        "deadline_at": deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now),
+    }
+    if run.status == RunStatus.WAITING:
+        transition_run(
+            session,
+            run.id,
+            RunStatus.RUNNING,
+            cause=f"step {step.step_id} completed",
+            now=now,
+            values=values,
+        )
+    else:
+        touch_run(session, run.id, now, **values)
+    then = Followups()
+    if not chained:
+        then = chains.arm(session, settings, run, now=now, first_index=step.index + 1)
+    return Done(Proceed(), then)

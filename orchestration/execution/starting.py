@@ -1,0 +1,104 @@
+"""Starting a provider turn: claimed in the entry's transaction, called with no lock held.
+
+Invariant 2 rests on the claim: it is written (``steps.start_claimed_at``, in the transaction
+whose stamp compared-and-set the run on "no cancel requested") before the call, and ``cancel``
+waits for a live claim to clear before it reads the turns to stop. The call itself ends within
+``ORCH_PROVIDER_TIMEOUT`` (the transport's hard deadline), so that wait is bounded, and no
+lock, not even SQLite's database-wide one, is held across network I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestration import templating
+from orchestration.errors import LimitExceeded, ValidationError
+from orchestration.execution.entry import Entry
+from orchestration.execution.outcomes import Halt, Outcome, Poll
+from orchestration.execution.rows import fail
+from orchestration.followups import Done
+from orchestration.models import Run, Step
+from orchestration.providers.base import TurnRequest
+from orchestration.settings import Settings
+from orchestration.states import RunStatus, StepStatus
+from orchestration.transitions import touch_step, transition_run, transition_step
+
+
+@dataclass(frozen=True)
+class StartCall:
+    """A claimed start: the request to send and the provider to send it to."""
+
+    request: TurnRequest
+    provider: str
+
+
+def claim(
+    session: Session,
+    settings: Settings,
+    run_id: str,
+    entry: Entry,
+    now: datetime,
+) -> Done[StartCall | Outcome]:
+    """Render the task, move the step (and a queued run) to running and claim the start."""
+    step = session.get(Step, entry.step.pk)
+    assert step is not None
+    if entry.step.provider_run_id is not None:
+        return Done(Poll(entry.spec.poll_interval, entry.tick))
+    args, outputs = _context(session, run_id)
+    try:
+        rendered = templating.render(
+            entry.spec.task,
+            {"args": args, "steps": outputs},
+            "task",
+            limit=settings.max_rendered_task_bytes,
+        )
+    except LimitExceeded as exc:
+        return Done(
+            Halt("task renders over its bound"),
+            fail(session, settings, run_id, f"step {step.step_id}: {exc}", now, over=True),
+        )
+    except ValidationError as exc:
+        return Done(
+            Halt("task could not be rendered"),
+            fail(session, settings, run_id, f"step {step.step_id}: {exc}", now),
+        )
+    if entry.step.status is StepStatus.PENDING:
+        transition_step(
+            session,
+            step,
+            StepStatus.RUNNING,
+            cause="turn starting",
+            now=now,
+            values={"input": rendered},
+        )
+    if entry.run_status is RunStatus.QUEUED:
+        transition_run(session, run_id, RunStatus.RUNNING, cause="first step starting", now=now)
+    touch_step(session, step, now, start_claimed_at=now)
+    session.refresh(step)
+    request = TurnRequest(
+        key=entry.step.idempotency_key,
+        run_id=run_id,
+        step_id=step.step_id,
+        attempt=step.attempt,
+        input=rendered,
+        options=entry.spec.options,
+        resume=step.answer,
+        resuming=step.attempt > 1,
+    )
+    return Done(StartCall(request, entry.step.provider))
+
+
+def _context(session: Session, run_id: str) -> tuple[Any, dict[str, Any]]:
+    """The run's args and the outputs of its completed steps, for the task's template."""
+    args = session.scalar(select(Run.args).where(Run.id == run_id))
+    rows = session.execute(
+        select(Step.step_id, Step.output).where(
+            Step.run_id == run_id, Step.status == StepStatus.COMPLETED.value
+        )
+    ).all()
+    return args, {step_id: {"output": output} for step_id, output in rows}

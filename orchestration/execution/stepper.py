@@ -1,0 +1,391 @@
+"""One execution of a step task: the sequence of its transactions and provider calls.
+
+* entry (one transaction): fence, stamp, read; for a start, the claim as well;
+* start: the provider start with no lock held, then at once one status call, so that a turn
+  already finished is finished in this execution (no countdown hop);
+* poll: one status call; nothing more is written unless the observation changed something;
+* the write (one transaction): record what the call came to, and for a finished turn settle
+  its effects, complete the step and move the run (``finishing``).
+
+The outcome tells the task body what to do: :class:`Poll` (``self.retry(countdown=…)`` with
+the next tick), :class:`Proceed` (return, so the chain sends the next step) or :class:`Halt`
+(stop the chain: the run is terminal, parked for a human, or this delivery is a duplicate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from orchestration import bounds, cancellation, deadlines, effects, providers, specs, turns
+from orchestration.db import utcnow
+from orchestration.errors import PermanentProviderError, RetryableProviderError
+from orchestration.execution import calls, finishing, observing, parking
+from orchestration.execution import entry as entries
+from orchestration.execution.entry import Entry, Phase
+from orchestration.execution.finishing import EffectsDue
+from orchestration.execution.outcomes import Halt, Outcome, Poll, Proceed
+from orchestration.execution.rows import MOVABLE, STARTABLE, Moved, fail, lock, step_of
+from orchestration.execution.starting import StartCall, claim
+from orchestration.followups import Done, Transact
+from orchestration.models import Run
+from orchestration.providers import budget
+from orchestration.providers.base import FINISHED, TurnRef, TurnStatus
+from orchestration.settings import Settings
+from orchestration.states import RUN_TERMINAL, RunStatus, StopReason
+from orchestration.transitions import touch_step
+
+
+class Stepper:
+    """Advances runs' steps; one instance per worker process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        transact: Transact,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        worker: str | None = None,
+        pid: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.transact = transact
+        self.clock = clock
+        self.worker = worker
+        self.pid = pid
+        #: The tick this process's current execution fenced (``None`` before the fence): a
+        #: task that retries after a database error carries it, so it still owns the step.
+        self.fenced_tick: int | None = None
+
+    # -- entry -----------------------------------------------------------------------------
+    def advance(self, run_id: str, index: int, tick: int, *, chained: bool = True) -> Outcome:
+        """One execution of step ``index`` of ``run_id`` holding fencing token ``tick``.
+
+        ``chained`` says whether the message carries the next link of the chain; the step
+        that finishes without one arms the next segment."""
+        self.fenced_tick = None
+        now = self.clock()
+        started: list[Entry] = []
+
+        def enter(session: Session) -> Done[Entry | StartCall | Outcome]:
+            found = entries.enter(
+                session, self.settings, run_id, index, tick, now, worker=self.worker, pid=self.pid
+            )
+            if isinstance(found, Halt):
+                return Done(found)
+            started.append(found)
+            if found.phase is Phase.START:
+                claimed = claim(session, self.settings, run_id, found, now)
+                return Done(claimed.value, claimed.then)
+            return Done(found)
+
+        got = self.transact(enter)
+        if not started:
+            assert isinstance(got, Halt)
+            return got
+        entry = started[0]
+        self.fenced_tick = entry.tick
+        if isinstance(got, StartCall):
+            return self._start(run_id, index, entry, got, chained)
+        if isinstance(got, (Poll, Proceed, Halt)):
+            return got
+        if entry.phase is Phase.CANCEL:
+            return self._honour_cancel(run_id)
+        if entry.phase is Phase.HUMAN:
+            return Halt("parked for a human answer")
+        if entry.phase is Phase.EFFECTS:
+            return self._effects(run_id, index, entry.tick, chained)
+        return self._poll(run_id, index, entry, chained)
+
+    # -- phases ----------------------------------------------------------------------------
+    def _start(
+        self, run_id: str, index: int, entry: Entry, call: StartCall, chained: bool
+    ) -> Outcome:
+        provider = providers.get_provider(call.provider, self.settings)
+        observed: TurnStatus | None = None
+        captured = None
+        provider_run_id: str | None = None
+        outage = refused = None
+        # The start, and the status and checkpoint right after it, share one call's bound;
+        # what follows them (the record, a cancel honoured) is outside it.
+        with budget.within(self.settings.provider_timeout):
+            try:
+                provider_run_id = provider.start(call.request)
+            except RetryableProviderError as exc:
+                outage = str(exc)
+            except PermanentProviderError as exc:
+                refused = f"step {entry.step.step_id}: {exc}"
+            if provider_run_id is not None and not bounds.provider_id(
+                provider_run_id, self.settings
+            ):
+                ref = TurnRef(call.request.key, provider_run_id, entry.spec.options)
+                observed = calls.status(self.settings, call.provider, ref)
+                captured = calls.capture(self.settings, call.provider, ref, observed)
+        return self._after_start(
+            run_id,
+            index,
+            entry,
+            call,
+            provider_run_id,
+            chained,
+            outage=outage,
+            refused=refused,
+            observed=observed,
+            captured=captured,
+        )
+
+    def _after_start(
+        self,
+        run_id: str,
+        index: int,
+        entry: Entry,
+        call: StartCall,
+        provider_run_id: str | None,
+        chained: bool,
+        *,
+        outage: str | None = None,
+        refused: str | None = None,
+        observed: TurnStatus | None = None,
+        captured: tuple[Any, str | None] | None = None,
+    ) -> Outcome:
+        """Record what the start call came to, clear the claim, and act on the first status."""
+        now = self.clock()
+        spec, tick = entry.spec, entry.tick
+
+        def record(session: Session) -> Done[Outcome | EffectsDue]:
+            run, step = lock(session, run_id, index, tick, now, STARTABLE)
+            touch_step(session, step, now, start_claimed_at=None)
+            if outage is not None:
+                return observing.outage(session, self.settings, run, step, spec, outage, now)
+            if refused is not None:
+                return Done(
+                    Halt("provider refused the turn"),
+                    fail(session, self.settings, run_id, refused, now),
+                )
+            assert provider_run_id is not None
+            unfit = bounds.provider_id(provider_run_id, self.settings)
+            if unfit:
+                return Done(
+                    Halt("provider run id over its bound"),
+                    fail(
+                        session,
+                        self.settings,
+                        run_id,
+                        f"step {step.step_id}: {unfit}",
+                        now,
+                        over=True,
+                    ),
+                )
+            touch_step(
+                session,
+                step,
+                now,
+                provider_run_id=provider_run_id,
+                last_provider_status="started",
+                error=None,
+                next_poll_at=now + timedelta(seconds=spec.poll_interval),
+            )
+            session.refresh(step)
+            if observed is not None and observed.status in FINISHED:
+                return observing.observe(
+                    session,
+                    self.settings,
+                    run,
+                    step,
+                    spec,
+                    observed,
+                    now,
+                    captured=captured,
+                    steps=len(specs.of_run(session, run_id)),
+                    chained=chained,
+                )
+            parking.unpark(session, run, step, now)
+            return Done(Poll(spec.poll_interval, tick))
+
+        try:
+            outcome = self.transact(record)
+        except Moved:
+            self._release_refused_start(run_id, index, call, provider_run_id)
+            return self._after_refusal(run_id)
+        return self._settle(run_id, index, tick, outcome, chained)
+
+    def _release_refused_start(
+        self, run_id: str, index: int, call: StartCall, provider_run_id: str | None
+    ) -> None:
+        """The run moved on while its turn was starting. If the step is still live (a cancel
+        is waiting for this claim), hand it the turn's id and clear the claim: the canceller
+        stops the turn. If the run already ended, this execution alone knows the turn's id,
+        so it stops the turn itself."""
+        now = self.clock()
+        fit = provider_run_id is not None and bounds.provider_id(provider_run_id, self.settings)
+        known = None if fit else provider_run_id
+
+        def release(session: Session) -> Done[int | None]:
+            step = step_of(session, run_id, index)
+            if step is None:
+                return Done(None)
+            if touch_step(session, step, now, start_claimed_at=None, provider_run_id=known):
+                return Done(None)
+            return Done(step.pk)
+
+        pk = self.transact(release)
+        if pk is None or known is None:
+            return
+        ref = TurnRef(call.request.key, known, call.request.options)
+        turn = turns.LiveTurn(run_id, index, pk, call.provider, ref)
+        result = turns.stop_once(self.settings, turn)
+        self.transact(
+            lambda session: Done(None, turns.hand_off(session, [result], now, attempts=1))
+        )
+
+    def _poll(self, run_id: str, index: int, entry: Entry, chained: bool) -> Outcome:
+        assert entry.step.provider_run_id is not None
+        ref = TurnRef(entry.step.idempotency_key, entry.step.provider_run_id, entry.spec.options)
+        outage: str | None = None
+        with budget.within(self.settings.provider_timeout):
+            try:
+                observed = calls.status(self.settings, entry.step.provider, ref, raise_outage=True)
+            except RetryableProviderError as exc:
+                outage = str(exc)
+            else:
+                captured = calls.capture(self.settings, entry.step.provider, ref, observed)
+        if outage is not None:
+            return self._write(run_id, index, entry, chained, outage=outage)
+        now = self.clock()
+        if observing.unchanged(entry, observed, now):
+            limit = deadlines.step_timeout_at(entry.step.started_at, entry.spec.timeout)
+            return Poll(
+                parking.bounded(parking.backoff(entry.spec, entry.tick), limit, now), entry.tick
+            )
+        return self._write(run_id, index, entry, chained, observed=observed, captured=captured)
+
+    def _write(
+        self,
+        run_id: str,
+        index: int,
+        entry: Entry,
+        chained: bool,
+        *,
+        observed: TurnStatus | None = None,
+        captured: tuple[Any, str | None] | None = None,
+        outage: str | None = None,
+    ) -> Outcome:
+        """The poll's one write: what the observation changed."""
+        now = self.clock()
+        spec, tick = entry.spec, entry.tick
+
+        def write(session: Session) -> Done[Outcome | EffectsDue]:
+            run, step = lock(session, run_id, index, tick, now, STARTABLE)
+            if outage is not None:
+                return observing.outage(session, self.settings, run, step, spec, outage, now)
+            assert observed is not None
+            return observing.observe(
+                session,
+                self.settings,
+                run,
+                step,
+                spec,
+                observed,
+                now,
+                captured=captured,
+                steps=len(specs.of_run(session, run_id)),
+                chained=chained,
+            )
+
+        try:
+            outcome = self.transact(write)
+        except Moved:
+            return self._after_refusal(run_id)
+        return self._settle(run_id, index, tick, outcome, chained)
+
+    def _effects(self, run_id: str, index: int, tick: int, chained: bool) -> Outcome:
+        """Run the due effects of the step (the outbox), then complete it once they settle."""
+        attempt = self.transact(lambda session: Done(_attempt_of(session, run_id, index)))
+        progress = effects.run_due(
+            self.transact, self.settings, run_id, index, attempt, self.clock()
+        )
+        now = self.clock()
+
+        def settle(session: Session) -> Done[Outcome | EffectsDue]:
+            run, step = lock(session, run_id, index, tick, now, [RunStatus.WAITING])
+            if not progress.settled and not (
+                progress.exhausted and self.settings.effect_policy == "fail"
+            ):
+                wait = (progress.next_due - now).total_seconds() if progress.next_due else 0
+                return Done(Poll(max(0.0, wait), tick))
+            return finishing.complete(
+                session,
+                self.settings,
+                run,
+                step,
+                step.output,
+                progress,
+                now,
+                steps=len(specs.of_run(session, run_id)),
+                chained=chained,
+            )
+
+        try:
+            outcome = self.transact(settle)
+        except Moved:
+            return self._after_refusal(run_id)
+        assert not isinstance(outcome, EffectsDue)
+        return outcome
+
+    def refuse(self, run_id: str, index: int, tick: int, what: str) -> Outcome:
+        """The database refused a value this execution wrote (``DataError``, ``IntegrityError``):
+        not an outage, so not retried; the step fails with ``what`` (no SQL parameters)."""
+        now = self.clock()
+
+        def refuse(session: Session) -> Done[Outcome]:
+            _, step = lock(session, run_id, index, tick, now, MOVABLE)
+            error = f"step {step.step_id}: the database refused a value ({what})"
+            return Done(
+                Halt("the database refused a value"),
+                fail(session, self.settings, run_id, error, now),
+            )
+
+        try:
+            return self.transact(refuse)
+        except Moved:
+            return self._after_refusal(run_id)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _settle(
+        self, run_id: str, index: int, tick: int, outcome: Outcome | EffectsDue, chained: bool
+    ) -> Outcome:
+        if isinstance(outcome, EffectsDue):
+            return self._effects(run_id, index, tick, chained)
+        return outcome
+
+    def _after_refusal(self, run_id: str) -> Outcome:
+        requested = self.transact(lambda session: Done(_cancel_requested(session, run_id)))
+        if requested:
+            return self._honour_cancel(run_id)
+        return Halt("run moved on under this execution")
+
+    def _honour_cancel(self, run_id: str) -> Outcome:
+        cancellation.finish(
+            self.transact,
+            self.settings,
+            run_id,
+            now=self.clock(),
+            stop_reason=StopReason.CANCEL_REQUESTED,
+            cause="cancel honoured by the step task",
+            revoke=False,
+        )
+        return Halt("cancel honoured")
+
+
+def _attempt_of(session: Session, run_id: str, index: int) -> int:
+    step = step_of(session, run_id, index)
+    assert step is not None
+    return step.attempt
+
+
+def _cancel_requested(session: Session, run_id: str) -> bool:
+    run = session.get(Run, run_id)
+    return run is not None and run.status not in RUN_TERMINAL and bool(run.cancel_requested_at)

@@ -1,0 +1,56 @@
+"""How a run record looks in a terminal: shared by the CLI and the demo."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestration.records import RunRecord
+
+_STATUS_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "timed_out": "red",
+    "interrupted": "magenta",
+    "running": "cyan",
+    "waiting": "cyan",
+    "parked": "blue",
+    "cancelling": "yellow",
+    "queued": "white",
+}
+
+
+def styled(status: str) -> str:
+    """``status`` in its colour (rich markup)."""
+    return f"[{_STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def show(console: Console, record: RunRecord) -> None:
+    """The run, its stop, its result and deadline, and a table of its steps."""
+    console.print(
+        f"run [bold]{record.id}[/]  {styled(record.status)}  health={record.health}  "
+        f"workflow={record.workflow_name}"
+    )
+    if record.stop_reason:
+        console.print(f"  stop_reason: {record.stop_reason}")
+    if record.error:
+        console.print(f"  error: [red]{record.error}[/]")
+    if record.result is not None:
+        console.print(f"  result: {json.dumps(record.result, ensure_ascii=False)[:500]}")
+    deadline = record.deadline_at.isoformat(timespec="seconds") if record.deadline_at else "-"
+    console.print(f"  deadline_at: {deadline}")
+    table = Table("step", "provider", "status", "attempt", "polls", "provider says", "output")
+    for step in record.steps:
+        table.add_row(
+            step.step_id,
+            step.provider,
+            styled(step.status),
+            str(step.attempt),
+            str(step.polls),
+            step.last_provider_status or "-",
+            json.dumps(step.output, ensure_ascii=False)[:60] if step.output is not None else "-",
+        )
+    console.print(table)

@@ -1,0 +1,122 @@
+"""The sweeper's rules, in the order it applies them: one table for the sweeper and ``explain``.
+
+For each live run, the first rule that *owns* it decides; the rule acts when it is *due*
+(a cancelling run is owned by cancel enforcement, which acts only once the grace is over and
+the heartbeat is dead). ``explain`` names the same rule and says what it will do, so the
+operator's answer cannot drift from what the sweeper runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from orchestration import health
+from orchestration.health import RunView
+from orchestration.settings import Settings
+from orchestration.states import ClaimState, ParkReason, RunStatus
+
+Check = Callable[[Settings, RunView, datetime], bool]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One sweeper rule: the report counter it bumps, which runs it owns, when it acts, and
+    what it does, in words."""
+
+    name: str
+    owns: Check
+    due: Check
+    says: Callable[[Settings, RunView], str]
+
+
+def _always(_: Settings, __: RunView, ___: datetime) -> bool:
+    return True
+
+
+def _cancelling(_: Settings, run: RunView, __: datetime) -> bool:
+    return run.status == RunStatus.CANCELLING
+
+
+def _grace_over_and_dead(settings: Settings, run: RunView, now: datetime) -> bool:
+    requested = run.cancel_requested_at
+    grace_over = requested is not None and now - requested > timedelta(
+        seconds=settings.cancel_grace
+    )
+    return grace_over and health.heartbeat_dead(settings, run, now)
+
+
+def _queued_behind(_: Settings, run: RunView, __: datetime) -> bool:
+    return run.status == RunStatus.QUEUED and run.claim == ClaimState.QUEUED
+
+
+def _polled_and_dead(settings: Settings, run: RunView, now: datetime) -> bool:
+    human = run.status == RunStatus.PARKED and run.park_reason == ParkReason.HUMAN
+    return not human and health.heartbeat_dead(settings, run, now)
+
+
+def _dead_and_spent(settings: Settings, run: RunView, now: datetime) -> bool:
+    return _polled_and_dead(settings, run, now) and run.rearms >= settings.max_rearms
+
+
+def _past_deadline(_: Settings, run: RunView, now: datetime) -> bool:
+    return run.deadline_at is not None and now > run.deadline_at
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "cancels_enforced",
+        _cancelling,
+        _grace_over_and_dead,
+        lambda s, run: (
+            "enforces the cancel (cancel_enforced) once the grace "
+            f"({s.cancel_grace:g}s) is over and the heartbeat is dead"
+        ),
+    ),
+    Rule(
+        "promoted",
+        _queued_behind,
+        _always,
+        lambda s, run: (
+            "gives it the key once the holder is gone, and refreshes its deadline meanwhile"
+        ),
+    ),
+    Rule(
+        "parks_expired",
+        lambda s, run, now: health.park_expired(s, run, now),
+        _always,
+        lambda s, run: "closes it timed_out (park_expired)",
+    ),
+    Rule(
+        "interrupted",
+        _dead_and_spent,
+        _always,
+        lambda s, run: "closes it interrupted (heartbeat_lost): re-arms are used up",
+    ),
+    Rule(
+        "rearmed",
+        _polled_and_dead,
+        _always,
+        lambda s, run: (
+            f"re-arms it ({run.rearms}/{s.max_rearms} re-arms used; then it is closed interrupted)"
+        ),
+    ),
+    Rule(
+        "deadlines_exceeded",
+        _past_deadline,
+        _always,
+        lambda s, run: (
+            "closes it timed_out (deadline_exceeded): it passed its deadline_at "
+            "and nothing had ended it"
+        ),
+    ),
+)
+
+
+def owner(settings: Settings, run: RunView, now: datetime) -> Rule | None:
+    """The first rule that owns ``run`` at ``now`` (``None``: the sweeper leaves it alone)."""
+    for rule in RULES:
+        if rule.owns(settings, run, now):
+            return rule
+    return None
