@@ -5,7 +5,8 @@ these (a test compares them)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -24,7 +25,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from orchestration.states import RUN_LIVE
+from orchestration.states import RUN_LIVE, ClaimState, RunStatus, StepStatus
+
+E = TypeVar("E", bound=StrEnum)
 
 #: JSON on SQLite, JSONB on PostgreSQL.
 JSONType = JSON().with_variant(JSONB(), "postgresql")
@@ -48,6 +51,24 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class StateColumn(TypeDecorator[E], Generic[E]):
+    """A status column: stored as its string, read back as the enum of ``states``, so a row's
+    status is never a bare string in the code."""
+
+    impl = String(20)
+    cache_ok = True
+
+    def __init__(self, enum: type[E]) -> None:
+        super().__init__()
+        self.enum = enum
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.enum(value)
 
 
 _LIVE_SQL = "status IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(RUN_LIVE)))
@@ -124,7 +145,7 @@ class Run(Base):
     workflow_name: Mapped[str] = mapped_column(String(200))
     workflow: Mapped[dict[str, Any]] = mapped_column(JSONType)
     args: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    status: Mapped[str] = mapped_column(String(20))
+    status: Mapped[RunStatus] = mapped_column(StateColumn(RunStatus))
     stop_reason: Mapped[str | None] = mapped_column(String(40))
     error: Mapped[str | None] = mapped_column(Text)
     result: Mapped[Any] = mapped_column(JSONType, nullable=True)
@@ -148,7 +169,7 @@ class Run(Base):
     on_conflict: Mapped[str | None] = mapped_column(String(20))
     #: ``holding`` while this run holds its concurrency key, ``queued`` while it waits behind
     #: the holder (``on_conflict=enqueue``), ``None`` otherwise.
-    claim: Mapped[str | None] = mapped_column(String(20))
+    claim: Mapped[ClaimState | None] = mapped_column(StateColumn(ClaimState))
     #: Set when a human should look at this run (e.g. displaced from its claim).
     needs_review: Mapped[bool] = mapped_column(default=False)
 
@@ -170,7 +191,7 @@ class Step(Base):
     index: Mapped[int] = mapped_column(Integer)
     step_id: Mapped[str] = mapped_column(String(80))
     provider: Mapped[str] = mapped_column(String(80))
-    status: Mapped[str] = mapped_column(String(20))
+    status: Mapped[StepStatus] = mapped_column(StateColumn(StepStatus))
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     provider_run_id: Mapped[str | None] = mapped_column(String(200))

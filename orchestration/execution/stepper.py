@@ -184,7 +184,9 @@ class Stepper:
                 step,
                 now,
                 provider_run_id=provider_run_id,
-                last_provider_status="started",
+                # What the status call right after the start said, so that the first poll
+                # writes only if the turn has moved on since.
+                last_provider_status=(observed.raw[:200] or None) if observed else "started",
                 error=None,
                 next_poll_at=now + timedelta(seconds=spec.poll_interval),
             )

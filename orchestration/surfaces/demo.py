@@ -30,7 +30,7 @@ from orchestration.states import RUN_TERMINAL, RunStatus
 from orchestration.surfaces import display
 from orchestration.workflows import load_file
 
-EXAMPLES = Path(__file__).parent / "examples"
+EXAMPLES = Path(__file__).parents[1] / "examples"
 #: Bounds shrunk so the demo's sweeper-facing numbers are small but consistent.
 DEMO_SETTINGS = {
     "ORCH_HEARTBEAT_TIMEOUT": "20",

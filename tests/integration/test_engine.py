@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from chaos.duplicating import DuplicatingQueue
+from orchestration.chains import SEGMENT_LINKS
 from orchestration.db import session_scope
 from orchestration.errors import IdempotencyConflict, RunNotFound, ValidationError
 from orchestration.models import Run, RunEvent, Step
@@ -76,6 +77,25 @@ def test_outputs_pass_to_later_steps_through_the_database(
     assert done.status == "completed"
     assert done.steps[1].input == {"prev": 41, "q": "ask why"}
     assert done.result == {"prev": 41, "q": "ask why"}
+
+
+def test_a_long_run_with_polling_steps_completes_through_its_segments(
+    worker: ManagedProcess, orch: Orchestrator, owner: str, stack: Stack
+) -> None:
+    """More steps than a chain segment holds, every other one polling: a poll's retry drops
+    the rest of its segment, so the run completes only if the step that finishes it arms
+    the next segment, on a real worker (the unit tier plays the broker by hand)."""
+    steps = [
+        step([["running", 0.2], ["completed"]] if i % 2 else [["completed"]], id=f"s{i}")
+        for i in range(2 * SEGMENT_LINKS + 2)
+    ]
+    steps[-1]["task"] = "{{ steps.s0.output }}"
+    run = orch.launch(flow(*steps), owner=owner)
+    done = finished(orch, run.id, owner, timeout=90)
+    assert (done.status, done.stop_reason) == ("completed", "completed"), done.error
+    assert [s.status for s in done.steps] == ["completed"] * len(steps)
+    assert len(stack.turns(run.id)) == len(steps)
+    assert len(set(done.task_ids)) == len(done.task_ids) >= len(steps)
 
 
 def test_step_whose_provider_never_finishes_times_out(
