@@ -4,6 +4,10 @@ Runs items 1-7 of the benchmark plan, each group on its own isolated stack (fres
 own queue, own prefork worker on the benchmark's Redis db), writes the JSON report, and
 regenerates ``docs/benchmarks.md`` and its ``docs/benchmarks-*.png`` figures. A failing item
 is recorded under ``errors`` and the others still run; the exit status is then 1.
+
+Issue 11's targets (``bench.targets``) are computed from this run's figures and from the
+baseline's (``--baseline``, the engine before the change measured on this machine), into the
+report's ``targets`` and the table at the top of the doc.
 """
 
 from __future__ import annotations
@@ -23,11 +27,26 @@ from typing import Any
 
 import celery
 
-from bench import cancel, launch, overhead, peer, profiling, report, scale, sweep
+from bench import (
+    cancel,
+    findings,
+    launch,
+    messages,
+    overhead,
+    peer,
+    profiling,
+    report,
+    scale,
+    spy,
+    sweep,
+    targets,
+)
 from bench.stack import ROOT, Stack, claim_redis, make_stack, release_redis, remove_tree
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+#: The engine before issue 11 (commit 971f8fd), measured on this machine with ``--quick``.
+BASELINE = ROOT / "bench" / "baseline" / "971f8fd.json"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -39,12 +58,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--director-venv", type=Path, default=Path("/tmp/director-venv"))
     parser.add_argument("--quick", action="store_true", help="skip the 1,000,000-row sweep")
     parser.add_argument(
+        "--baseline", type=Path, default=BASELINE, help="the before figures of the targets"
+    )
+    parser.add_argument(
         "--render", type=Path, help="only rewrite the docs from this existing JSON report"
     )
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated subset: overhead,hop,scale,cancel,sweep,launch,peer,profile",
+        help="comma-separated subset: overhead,hop,scale,cancel,sweep,launch,peer,profile,messages",
     )
     return parser.parse_args(argv)
 
@@ -101,8 +123,40 @@ def _experiments(report_path: Path) -> dict[str, Any] | None:
     return loaded
 
 
+def _carry_sweep(result: dict[str, Any], previous: Path) -> None:
+    """Without its own 1,000,000-row sweep (``--quick``), keep the last full run's row."""
+    rows = result.get("sweep") or []
+    if not rows or rows[-1]["terminal"] >= targets.SWEEP_TARGET_ROWS or not previous.exists():
+        return
+    try:
+        old = json.loads(previous.read_text())
+    except ValueError:
+        return
+    old_rows = old.get("sweep") or []
+    if old_rows and old_rows[-1]["terminal"] >= targets.SWEEP_TARGET_ROWS:
+        meta = old.get("meta") or {}
+        result["sweep_1m_carried"] = {
+            "row": old_rows[-1],
+            "base_seconds": old_rows[0]["median_seconds"],
+            "commit": meta.get("commit", "unknown"),
+            "started": meta.get("started", "?"),
+        }
+    elif old.get("sweep_1m_carried"):
+        result["sweep_1m_carried"] = old["sweep_1m_carried"]
+
+
+def _targets(result: dict[str, Any], args: argparse.Namespace) -> None:
+    baseline = targets.load_baseline(args.baseline)
+    result["targets"] = {
+        "baseline": str(args.baseline),
+        "baseline_commit": args.baseline.stem,
+        "rows": targets.evaluate(result, baseline),
+    }
+
+
 def _write_docs(result: dict[str, Any], args: argparse.Namespace) -> None:
     args.docs.mkdir(parents=True, exist_ok=True)
+    _targets(result, args)
     figures = report.plots(result, args.docs)
     markdown = report.render(result, _experiments(args.render or args.report))
     (args.docs / "benchmarks.md").write_text(markdown)
@@ -127,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "load_before": " / ".join(f"{value:.2f}" for value in os.getloadavg()),
         "shared_machine": True,
-        "run_steps_loading": report.steps_loading({"meta": {}}),
+        "run_steps_loading": findings.steps_loading({"meta": {}}),
     }
     redis_client = claim_redis(args.redis)
     tmp = Path(tempfile.mkdtemp(prefix="orch-bench-"))
     try:
-        if any(run.wanted(item) for item in ("overhead", "hop", "cancel", "profile")):
+        if any(run.wanted(item) for item in ("overhead", "hop", "cancel", "profile", "messages")):
             stack = _stack(args, tmp, "main")
             try:
                 stack.start_worker()
@@ -152,11 +206,17 @@ def main(argv: list[str] | None = None) -> int:
                         "poll_hop", lambda: overhead.poll_hop(stack, [0.01, 0.1], 20, repeats=5)
                     )
                 if run.wanted("profile"):
-                    run.item("profile:redis", lambda: profiling.redis_commands(stack), "profile")
+                    run.item("profile:redis", lambda: spy.redis_commands(stack), "profile")
                     run.item(
                         "profile:worker_py_spy",
-                        lambda: profiling.worker_profile(stack, 200, 8),
+                        lambda: spy.worker_profile(stack, 200, 8),
                         "profile",
+                    )
+                if run.wanted("messages"):
+                    run.item(
+                        "messages:per_step",
+                        lambda: messages.per_step(stack, list(messages.LENGTHS)),
+                        "messages",
                     )
                 if run.wanted("cancel"):
                     run.item("cancel:postgresql", lambda: cancel.run(stack, 60, 20), into="cancel")
@@ -188,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             finally:
                 stack.close()
-        if run.wanted("launch") or run.wanted("profile"):
+        if any(run.wanted(item) for item in ("launch", "profile", "messages")):
             stack = _stack(args, tmp, "launch")  # no worker: launches are not executed
             try:
                 if run.wanted("launch"):
@@ -206,11 +266,17 @@ def main(argv: list[str] | None = None) -> int:
                         "profile",
                     )
                     run.item(
-                        "profile:message_bytes",
-                        lambda: profiling.message_bytes(stack, [1, 10, 50, 100, 200]),
+                        "profile:instant",
+                        lambda: profiling.instant_steps(stack, 200),
                         "profile",
                     )
                     run.item("profile:cpu", lambda: profiling.cpu_profile(stack, 200, 5), "profile")
+                if run.wanted("messages"):
+                    run.item(
+                        "messages:segments",
+                        lambda: messages.segments(stack, [2, 8, 9, 50, 200]),
+                        "messages",
+                    )
             finally:
                 stack.close()
         if run.wanted("peer"):
@@ -235,9 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         "item_seconds": run.seconds,
         "runtime_s": round(time.monotonic() - begun, 1),
     }
-    report.write_json(result, args.report)
+    _carry_sweep(result, args.report)
     if not run.only:
-        _write_docs(result, args)
+        _write_docs(result, args)  # and the targets, into the report
+    else:
+        _targets(result, args)
+    report.write_json(result, args.report)
     print(f"[bench] wrote {args.report} in {result['runtime_s'] / 60:.1f} min", flush=True)
     return 1 if run.errors else 0
 

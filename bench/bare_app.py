@@ -16,6 +16,8 @@ With ``BENCH_TRACE_DIR`` set, every task execution appends one line to
 ``trace-<pid>.tsv`` there (name, task id, first arg, start, end, ETA, retries): how the
 benchmark measures hop intervals, poll lateness and busy worker slots without touching the
 engine's code. The cost is one buffered ``write`` per execution, the same for every task.
+While ``publish.on`` exists there, every message a process publishes (a chain's next link, a
+retry) is also appended to ``publish-<pid>.tsv`` with its JSON sizes (``bench.messages``).
 """
 
 from __future__ import annotations
@@ -26,12 +28,18 @@ from typing import IO, Any
 
 import redis
 from celery import Task
-from celery.signals import task_postrun, task_prerun, worker_process_shutdown
+from celery.signals import (
+    before_task_publish,
+    task_postrun,
+    task_prerun,
+    worker_process_shutdown,
+)
 
 # Imported for their side effect: they register the step and sweep tasks on ``app``.
 import tasks.steps
 import tasks.sweeper  # noqa: F401
 from bench.names import LOOP, MARK, NOOP
+from bench.trace import PUBLISH_ON, published
 from tasks.celery_app import app, settings
 
 __all__ = ["app"]
@@ -105,6 +113,15 @@ def _finished(
         f"{task.name}\t{task_id}\t{first}\t{started:.6f}\t{time.time():.6f}\t{eta}\t"
         f"{request.retries or 0}\t{state or ''}\n"
     )
+
+
+@before_task_publish.connect
+def _publishing(sender: Any = None, body: Any = None, headers: Any = None, **_: Any) -> None:
+    if not _TRACE_DIR or not os.path.exists(os.path.join(_TRACE_DIR, PUBLISH_ON)):
+        return
+    path = os.path.join(_TRACE_DIR, f"publish-{os.getpid()}.tsv")
+    with open(path, "a") as file:
+        file.write(published(sender, body, headers).line())
 
 
 @worker_process_shutdown.connect

@@ -40,13 +40,19 @@ def findings(report: dict[str, Any]) -> str:
     prof = report.get("profile") or {}
     spy = get(prof, "worker_py_spy", "share") or {}
     if o20 and o200:
+        short, long = o20["engine_per_link_s"]["median"], o200["engine_per_link_s"]["median"]
+        grows = long > 1.1 * short
+        constant = get(report, "messages", "per_step") is not None
         lines.append(
-            "- **A link costs more the longer the run.** Per link: "
-            f"{num(o20['engine_per_link_s']['median'], 'ms')} in a 20-step run, "
-            f"{num(o200['engine_per_link_s']['median'], 'ms')} in a 200-step run; one step "
-            f"execution (p50) {num(o20['engine_execution_busy_s']['p50'], 'ms')} against "
-            f"{num(o200['engine_execution_busy_s']['p50'], 'ms')}, with the same statement "
-            "count. "
+            (
+                "- **A link costs more the longer the run.** "
+                if grows
+                else "- **A link costs no more in a long run.** "
+            )
+            + f"Per link: {num(short, 'ms')} in a 20-step run, {num(long, 'ms')} in a 200-step "
+            f"run; one step execution (p50) {num(o20['engine_execution_busy_s']['p50'], 'ms')} "
+            f"against {num(o200['engine_execution_busy_s']['p50'], 'ms')}, with the same "
+            "statement count. "
             + (
                 "Every `session.get(Run)` also loads all of the run's steps (`Run.steps` is "
                 '`lazy="selectin"`) and decodes their JSON columns and the whole `Run.workflow`'
@@ -55,18 +61,21 @@ def findings(report: dict[str, Any]) -> str:
                 else "`Run.steps` loads lazily, so what still grows with the run's length is "
                 "the whole `Run.workflow` JSON, decoded on every load of the run, and the "
                 "chain carried in every step message (below). "
+                if grows and not constant
+                else ""
             )
             + "py-spy on the worker (200 steps): "
-            f"{num(spy.get('selectin load of Run.steps'), '%')} of the time in a selectin "
-            f"load of `Run.steps`, {num(spy.get('JSON decode'), '%')} decoding JSON, "
-            f"{num(spy.get('waiting on PostgreSQL'), '%')} waiting on PostgreSQL."
+            f"{num(spy.get('Stepper.advance'), '%')} of the time in `Stepper.advance`, "
+            f"{num(spy.get('waiting on PostgreSQL'), '%')} waiting on PostgreSQL, "
+            f"{num(spy.get('scripted provider'), '%')} in the scripted provider, "
+            f"{num(spy.get('JSON decode'), '%')} decoding JSON."
         )
     per = get(prof, "statements", "as_is", "200")
     lazy = get(prof, "statements", "steps_lazy_select", "200")
     if per and lazy and "poll" in per and "poll" in lazy:
         lines.append(
-            f"- **A poll is {num(per['poll']['statements'])} statements in "
-            f"{num(per['poll']['transactions'])} transactions, "
+            f"- **A poll is {num(per['poll']['statements'])} statement(s) in "
+            f"{num(per['poll']['transactions'])} transaction(s), "
             f"{num(per['poll']['round_trips'])} round trips** (start "
             f"{num(per['start']['round_trips'])}, finish with effects "
             f"{num(per['finish']['round_trips'])}); a bare retry has none. Each transaction "
@@ -79,8 +88,28 @@ def findings(report: dict[str, Any]) -> str:
                 else ""
             )
         )
+    instant = get(prof, "instant", "all")
+    if instant:
+        lines.append(
+            f"- **An instant step is {num(instant['executions'])} execution(s) of "
+            f"{num(instant['transactions'])} transaction(s), {num(instant['statements'])} "
+            f"statements** (medians over the {instant['steps']} steps of a "
+            f"{prof['instant']['links']}-link run; at most "
+            f"{num(instant['max']['transactions'])} transactions, "
+            f"{num(instant['max']['statements'])} statements)."
+        )
+    per_step = get(report, "messages", "per_step")
     sizes = prof.get("message_bytes")
-    if sizes:
+    if per_step and "200" in per_step and "2" in per_step:
+        retry = get(per_step, "poll_retry", "retry_bytes", "max")
+        lines.append(
+            f"- **Bytes per step**: {per_step['200']['bytes_per_step']:,.0f} over a whole "
+            f"200-link run, {per_step['2']['bytes_per_step']:,.0f} over a 2-link one "
+            f"({num(per_step.get('ratio_200_to_2'), 'x')}); the largest message of the long run "
+            f"is {per_step['200']['max_message_bytes']:,} bytes"
+            + (f", and a poll's retry {retry:,.0f} bytes." if retry == retry and retry else ".")
+        )
+    elif sizes:
         lines.append(
             "- **The step message carries the rest of the chain**: "
             f"{sizes.get('200', 0):,} bytes of JSON for the first step of a 200-step run, "

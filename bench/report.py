@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import findings, tables
+from bench import findings, profile_tables, tables, targets
 from bench.fmt import num, table
 from bench.plots import plots
 
@@ -44,100 +44,18 @@ def _meta(report: dict[str, Any]) -> str:
     )
 
 
-def _profile(report: dict[str, Any]) -> str:
-    prof = report.get("profile") or {}
-    parts: list[str] = []
-    per = prof.get("statements")
-    if per:
-        rows = []
-        for label, key in (
-            ("as shipped", "as_is"),
-            ("`Run.steps` lazy='select'", "steps_lazy_select"),
-        ):
-            for links, phases in per[key].items():
-                for phase in ("start", "poll", "finish"):
-                    data = phases.get(phase)
-                    if not data:
-                        continue
-                    rows.append(
-                        [
-                            label,
-                            links,
-                            phase,
-                            num(data["statements"]),
-                            num(data["provider_statements"]),
-                            num(data["step_selects"]),
-                            num(data["transactions"]),
-                            num(data["round_trips"]),
-                            num(data["seconds"], "ms"),
-                        ]
-                    )
-        parts.append(
-            table(
-                [
-                    "mapping",
-                    "links in run",
-                    "execution",
-                    "engine statements",
-                    "provider statements",
-                    "SELECTs on steps",
-                    "transactions",
-                    "PostgreSQL round trips",
-                    "time (in-process)",
-                ],
-                rows,
-            )
-        )
-    launch = prof.get("launch_statements")
-    if launch:
-        parts.append(
-            table(
-                ["launch of a workflow of", "statements", "transactions", "round trips", "time"],
-                [
-                    [
-                        f"{links} steps",
-                        num(d["statements"]),
-                        num(d["transactions"]),
-                        num(d["round_trips"]),
-                        num(d["seconds"], "ms"),
-                    ]
-                    for links, d in launch.items()
-                ],
-            )
-        )
-    sizes = prof.get("message_bytes")
-    if sizes:
-        parts.append(
-            table(
-                ["links left in the chain", "bytes of the step message (re-sent by every poll)"],
-                [[links, f"{size:,}"] for links, size in sizes.items()],
-            )
-        )
-    redis_side = prof.get("redis")
-    if redis_side:
-        parts.append(
-            table(
-                ["Redis commands per execution (MONITOR)", "count", "commands"],
-                [
-                    [
-                        label,
-                        num(data["commands_per_execution"]),
-                        ", ".join(f"{k} {v}" for k, v in list(data["by_command"].items())[:8]),
-                    ]
-                    for label, data in redis_side.items()
-                ],
-            )
-        )
-    spy = prof.get("worker_py_spy")
-    if spy and "share" in spy:
-        parts.append(
-            table(
-                ["worker time in (py-spy, 200-link run, inclusive)", "share of samples"],
-                [[label, num(share, "%")] for label, share in spy["share"].items()],
-            )
-            + f"\n\n{spy['samples']} samples over both pool processes."
-        )
-    return "\n\n".join(parts) or "_not measured (see errors)_"
+def _targets(report: dict[str, Any]) -> str:
+    item = report.get("targets")
+    if not item:
+        return "_not computed_"
+    commit = item.get("baseline_commit", "?")
+    return (
+        f"Before: the engine at `{commit}`, measured on this machine with this benchmark's "
+        f"items (`{item.get('baseline', '?')}`; what the old bench did not measure was "
+        "measured with this bench's counters against that engine, see its `supplement`). "
+        "After: this run. Each ratio divides by a baseline or a peer measured in the same "
+        "run as the figure.\n\n" + targets.render(item["rows"], commit)
+    )
 
 
 def _experiment(experiments: dict[str, Any] | None) -> str:
@@ -198,6 +116,8 @@ def render(report: dict[str, Any], experiments: dict[str, Any] | None = None) ->
     sections = [
         GENERATED,
         "# Benchmarks",
+        "## Targets (issue 11)",
+        _targets(report),
         _meta(report),
         "Run with `make bench` (`python -m bench --report bench-results/report.json`); "
         "`python -m bench --quick` skips the 1,000,000-row sweep. The JSON report holds every "
@@ -227,8 +147,13 @@ def render(report: dict[str, Any], experiments: dict[str, Any] | None = None) ->
         tables.launch(report),
         "## Profile of a step execution",
         "Counted in-process with a `before_cursor_execute` listener while `Stepper.advance` "
-        "runs against PostgreSQL (no Celery). Round trips = statements + `BEGIN` + `COMMIT` + "
-        "the `SELECT 1` that `pool_pre_ping` sends on every session checkout. The second "
+        "runs against PostgreSQL (no Celery, no queue), statements grouped by transaction "
+        "(`bench.counting`): a transaction that only touches the scripted provider's tables "
+        "is the provider's, counted apart (a real provider answers over HTTP). Round trips = "
+        "statements + `BEGIN` + `COMMIT` + the `SELECT 1` that `pool_pre_ping` sends on every "
+        "session checkout, the provider's included. The instant-step table drives every step "
+        "of a 200-link run as the worker does (the last link of each chain segment arms the "
+        "next). The second "
         'mapping forces `Run.steps` to `lazy="select"` in the benchmark process only, to price '
         "that change"
         + (
@@ -236,7 +161,13 @@ def render(report: dict[str, Any], experiments: dict[str, Any] | None = None) ->
             if findings.steps_loading(report) == "selectin"
             else "; the model already loads it so, and the two rows should agree."
         ),
-        _profile(report),
+        profile_tables.render(report),
+        "## Message bytes",
+        "What the engine publishes, measured with a `before_task_publish` listener in every "
+        "publishing process (`bench.messages`): JSON of the body (the chain of the links after "
+        "this one included) plus the headers. Whole runs on the worker, then each chain "
+        "segment as the client sends it.",
+        profile_tables.messages(report),
         "## Pricing a change in a real worker: `Run.steps` loaded lazily",
         "The same item-1 measurement with the worker as shipped (`-A bench.bare_app`) and with "
         '`Run.steps` switched to `lazy="select"` in the worker process '

@@ -24,8 +24,8 @@ from sqlalchemy.engine import make_url
 
 from bench.names import MARK
 from orchestration.db import dispose_engines, normalize_url, upgrade
-from orchestration.dispatch import client_dispatcher
-from orchestration.processes import ManagedProcess
+from orchestration.runtime.celery_queue import client_queue
+from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 
@@ -96,7 +96,7 @@ class Stack:
         return self.folder / "trace"
 
     def orchestrator(self) -> Orchestrator:
-        return Orchestrator(self.settings, client_dispatcher(self.settings))
+        return Orchestrator(self.settings, client_queue(self.settings))
 
     def start_worker(self, concurrency: int = 2, app: str = "bench.bare_app") -> ManagedProcess:
         """The measured worker: prefork, ``-c 2``, the stack's queue, tracing on."""
@@ -125,7 +125,7 @@ class Stack:
 
     def celery(self) -> Celery:
         """The dispatch-only client app (the one ``Orchestrator`` sends through)."""
-        return client_dispatcher(self.settings).app
+        return client_queue(self.settings).app
 
     def log(self) -> str:
         return "".join(process.log() for process in self.processes)

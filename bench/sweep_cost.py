@@ -23,6 +23,7 @@ from sqlalchemy.engine import make_url
 
 from orchestration.db import get_engine, normalize_url, upgrade, utcnow
 from orchestration.models import Run, Step
+from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
 from orchestration.sweeper import Sweeper
 
@@ -105,7 +106,7 @@ def measure(admin_url: str, terminal: int, live: int, repeat: int) -> dict[str, 
                     connection.execute(insert(Step), steps)
             connection.execute(text("ANALYZE"))
         settings = Settings(database_url=url)
-        sweeper = Sweeper(settings, None)
+        sweeper = Sweeper(settings, Executor(settings, None))
         # The sweeper's engine: settings add PostgreSQL options to the URL, so it is not the
         # engine the rows were inserted with.
         engine = get_engine(settings.database_url)

@@ -1,11 +1,18 @@
-"""Reading the worker's execution trace (see ``bench.bare_app``)."""
+"""Reading the worker's execution trace (see ``bench.bare_app``), and its publish trace:
+one line per message a process published while ``publish.on`` exists in the trace folder."""
 
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+#: While this file exists in the trace folder, every publish is traced (off by default, so
+#: the timed measurements pay one ``stat`` per publish, not a JSON encoding).
+PUBLISH_ON = "publish.on"
 
 
 @dataclass(frozen=True)
@@ -101,3 +108,52 @@ def hops(rows: list[Execution], task_id: str) -> list[float]:
     """Intervals between consecutive executions of one (retried) task."""
     starts = [row.start for row in rows if row.task_id == task_id]
     return [later - earlier for earlier, later in itertools.pairwise(starts)]
+
+
+@dataclass(frozen=True)
+class Published:
+    """One message as its publisher handed it to kombu: JSON sizes of body and headers."""
+
+    name: str
+    task_id: str
+    first_arg: str
+    body_bytes: int
+    header_bytes: int
+    retries: int
+
+    @property
+    def bytes(self) -> int:
+        return self.body_bytes + self.header_bytes
+
+    def line(self) -> str:
+        return (
+            f"{self.name}\t{self.task_id}\t{self.first_arg}\t{self.body_bytes}\t"
+            f"{self.header_bytes}\t{self.retries}\n"
+        )
+
+
+def published(sender: Any, body: Any, headers: Any) -> Published:
+    """What a ``before_task_publish`` handler sees, measured (protocol 2: the body is
+    ``(args, kwargs, embed)``, the chain of the links after this one in ``embed``)."""
+    args = body[0] if isinstance(body, (list, tuple)) and body else ()
+    headers = headers or {}
+    return Published(
+        str(sender or headers.get("task", "")),
+        str(headers.get("id", "")),
+        str(args[0]) if args else "",
+        len(json.dumps(body, default=str)),
+        len(json.dumps(headers, default=str)),
+        int(headers.get("retries") or 0),
+    )
+
+
+def read_published(folder: Path) -> list[Published]:
+    """Every message traced in ``folder`` (``publish-<pid>.tsv``)."""
+    rows: list[Published] = []
+    for path in folder.glob("publish-*.tsv"):
+        for line in path.read_text().splitlines():
+            parts = line.split("\t")
+            if len(parts) == 6:
+                name, task_id, first, body, head, retries = parts
+                rows.append(Published(name, task_id, first, int(body), int(head), int(retries)))
+    return rows

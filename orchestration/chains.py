@@ -21,11 +21,11 @@ from orchestration import deadlines, specs
 from orchestration.followups import ChainPlan, Followups, Link
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
-from orchestration.states import STEP_LIVE
+from orchestration.states import STEP_LIVE, RunStatus
 from orchestration.transitions import touch_run
 
 #: Most step tasks one chain message carries (itself and the links after it).
-SEGMENT_LINKS = 8
+SEGMENT_LINKS = 2
 
 #: A literal condition (an IN list cannot be expanded inside an executemany).
 _LIVE_STEP_SQL = text(
@@ -61,28 +61,42 @@ def arm(
     The first link carries the step's current fencing tick, so whichever of this message and a
     late redelivery of the old one runs first wins, and the other is a no-op.
     """
-    # Transitions write SQL directly: read the rows as they are now, not as this session
-    # first loaded them (``answer`` has just reset the step's start, for one).
-    session.refresh(run)
-    query = select(Step).where(Step.run_id == run.id, Step.status.in_([s.value for s in STEP_LIVE]))
+    # Read the columns as they are now (transitions write SQL directly: ``answer`` has just
+    # reset the step's start, for one), and not the workflow: its specs are cached.
+    query = select(Step.index, Step.polls, Step.started_at).where(
+        Step.run_id == run.id, Step.status.in_([s.value for s in STEP_LIVE])
+    )
     if first_index is not None:
         query = query.where(Step.index >= first_index)
-    first = session.scalars(
-        query.order_by(Step.index).limit(1).execution_options(populate_existing=True)
-    ).first()
-    if first is None:
+    found = session.execute(query.order_by(Step.index).limit(1)).first()
+    if found is None:
         return Followups()
+    start, polls, started_at = found
+    row = session.execute(
+        select(
+            Run.task_ids,
+            Run.status,
+            Run.park_reason,
+            Run.parked_since,
+            Run.waiting_until,
+            Run.cancel_requested_at,
+        ).where(Run.id == run.id)
+    ).one()
     steps = specs.of_run(session, run.id)
-    plan = plan_chain(run.id, first.index, len(steps), first.polls)
+    plan = plan_chain(run.id, start, len(steps), polls)
     values: dict[str, Any] = {
-        "task_ids": [*run.task_ids, *plan.task_ids],
+        "task_ids": [*row.task_ids, *plan.task_ids],
         "heartbeat_at": now,
-        "current_step": first.index,
-        "deadline_at": deadlines.for_run(
+        "current_step": start,
+        "deadline_at": deadlines.compute(
             settings,
-            run,
-            deadlines.step_timeout_at(first.started_at, steps[first.index].timeout),
+            RunStatus(row.status),
             heartbeat_at=now,
+            step_timeout_at=deadlines.step_timeout_at(started_at, steps[start].timeout),
+            park_reason=row.park_reason,
+            parked_since=row.parked_since,
+            waiting_until=row.waiting_until,
+            cancel_requested_at=row.cancel_requested_at,
         ),
     }
     if claim is not None:

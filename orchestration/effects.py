@@ -10,14 +10,14 @@ leaves the run ``waiting``: under ``ORCH_EFFECT_POLICY=fail`` the run fails
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import httpx
-from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Table, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from orchestration import bounds, providers, turns
@@ -29,8 +29,6 @@ from orchestration.providers.base import TurnRef
 from orchestration.providers.exchange import allow_list, exchange
 from orchestration.settings import Settings
 from orchestration.states import EffectStatus
-
-LOG = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint"
 WEBHOOK = "webhook"
@@ -147,24 +145,31 @@ def record_capture(
     now: datetime,
 ) -> Progress:
     """Write an inline checkpoint attempt as its outbox row (done, or pending with its backoff
-    for the effects phase to retry, or exhausted) and say where the effects stand."""
+    for the effects phase to retry, or exhausted) and say where the effects stand: this row
+    is the step attempt's only effect (no webhook is configured, see :func:`inline`)."""
     state, error = captured
-    effect = Effect(
-        run_id=step.run_id,
-        step_index=step.index,
-        attempt=step.attempt,
-        kind=CHECKPOINT,
-        attempts=1,
-        max_attempts=settings.effect_attempts,
-        created_at=now,
-        updated_at=now,
-        **_after_attempt(settings, 0, error, now),
+    values = _after_attempt(settings, 0, error, now)
+    session.execute(
+        insert(Effect).values(
+            run_id=step.run_id,
+            step_index=step.index,
+            attempt=step.attempt,
+            kind=CHECKPOINT,
+            attempts=1,
+            max_attempts=settings.effect_attempts,
+            created_at=now,
+            updated_at=now,
+            **values,
+        )
     )
-    session.add(effect)
-    session.flush()
     if error is None:
         _store_checkpoint(session, step.run_id, step.index, step.attempt, state, now)
-    return progress(session, step.run_id, step.index, step.attempt)
+        return Progress(settled=True, exhausted=[], next_due=None)
+    if values["status"] == EffectStatus.EXHAUSTED.value:
+        return Progress(
+            settled=True, exhausted=[f"{CHECKPOINT} effect failed 1 times: {error}"], next_due=None
+        )
+    return Progress(settled=False, exhausted=[], next_due=values["next_attempt_at"])
 
 
 def _after_attempt(
@@ -257,15 +262,17 @@ def _claim(
 def _store_checkpoint(
     session: Session, run_id: str, index: int, attempt: int, state: Any, now: datetime
 ) -> None:
-    try:
-        with session.begin_nested():
-            session.add(
-                Checkpoint(
-                    run_id=run_id, step_index=index, attempt=attempt, state=state, captured_at=now
-                )
-            )
-    except IntegrityError:
-        LOG.info("checkpoint of %s step %s attempt %s already stored", run_id, index, attempt)
+    """Store the checkpoint once per step attempt: a second capture of the same attempt (a
+    retried effect whose first success was not recorded) is a no-op."""
+    table = cast(Table, Checkpoint.__table__)
+    insert_for = (
+        postgresql_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    )
+    session.execute(
+        insert_for(table)
+        .values(run_id=run_id, step_index=index, attempt=attempt, state=state, captured_at=now)
+        .on_conflict_do_nothing()
+    )
 
 
 def _post_webhook(settings: Settings, payload: dict[str, Any]) -> None:

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestration import chains, claims, closing, deadlines, workflows
+from orchestration import chains, claims, closing, deadlines, specs, workflows
 from orchestration.errors import IdempotencyConflict, LimitExceeded, ValidationError
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, RunEvent, Step
 from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, ClaimState, RunStatus, StepStatus
 from orchestration.transitions import touch_run
+from orchestration.workflows import StepSpec
+
+T = TypeVar("T")
 
 _NAME = re.compile(r"[\x21-\x7e]{1,200}")
 
@@ -52,6 +56,35 @@ def launch(
     now: datetime,
 ) -> str:
     """Validate and write the run; return its id. See ``service.Orchestrator.launch``."""
+    return launch_then(
+        transact,
+        settings,
+        workflow,
+        args,
+        owner=owner,
+        request_id=request_id,
+        concurrency_key=concurrency_key,
+        on_conflict=on_conflict,
+        now=now,
+        read=lambda _, run_id: run_id,
+    )
+
+
+def launch_then(
+    transact: Transact,
+    settings: Settings,
+    workflow: Any,
+    args: Any,
+    *,
+    owner: str,
+    request_id: str | None,
+    concurrency_key: str | None,
+    on_conflict: claims.OnConflict,
+    now: datetime,
+    read: Callable[[Session, str], T],
+) -> T:
+    """:func:`launch`, returning what ``read`` makes of the run in the launch's own
+    transaction (the Python API reads the record there: no second transaction)."""
     check_name("owner", owner)
     if request_id is not None:
         check_name("request_id", request_id)
@@ -85,6 +118,8 @@ def launch(
                     concurrency_key=concurrency_key,
                     on_conflict=on_conflict,
                     now=now,
+                    steps=tuple(spec.steps),
+                    read=read,
                 )
             )
         except IntegrityError:
@@ -106,14 +141,16 @@ def _write(
     concurrency_key: str | None,
     on_conflict: claims.OnConflict,
     now: datetime,
-) -> Done[str]:
+    steps: tuple[StepSpec, ...],
+    read: Callable[[Session, str], T],
+) -> Done[T]:
     existing = session.scalars(
         select(Run).where(Run.owner == owner, Run.request_id == request_id)
     ).first()
     if existing is not None:
         if existing.fingerprint != fingerprint:
             raise IdempotencyConflict(request_id, existing.id)
-        return Done(existing.id)
+        return Done(read(session, existing.id))
     _check_capacity(session, settings, owner)
     then = Followups()
     decision = None
@@ -195,21 +232,24 @@ def _write(
     session.flush()
     if queued:
         touch_run(session, run_id, now, claim=ClaimState.QUEUED.value)
-        return Done(run_id, then)
+        return Done(read(session, run_id), then)
     claim = decision.claim.value if decision is not None else None
-    return Done(run_id, then + chains.arm(session, settings, run, now=now, claim=claim))
+    specs.remember(run_id, steps)
+    then += chains.arm(session, settings, run, now=now, claim=claim)
+    return Done(read(session, run_id), then)
 
 
 def _check_capacity(session: Session, settings: Settings, owner: str) -> None:
     live = [status.value for status in RUN_LIVE]
-    total = session.scalar(select(func.count()).select_from(Run).where(Run.status.in_(live)))
+    total, mine = session.execute(
+        select(func.count(), func.count().filter(Run.owner == owner))
+        .select_from(Run)
+        .where(Run.status.in_(live))
+    ).one()
     if (total or 0) >= settings.max_active_runs:
         raise LimitExceeded(
             "runs", f"{total} active runs is the limit (ORCH_MAX_ACTIVE_RUNS); retry later"
         )
-    mine = session.scalar(
-        select(func.count()).select_from(Run).where(Run.status.in_(live), Run.owner == owner)
-    )
     if (mine or 0) >= settings.max_active_runs_per_owner:
         raise LimitExceeded(
             "runs",

@@ -148,7 +148,7 @@ class Orchestrator:
             raise ValidationError(
                 "on_conflict", f"must be one of {[p.value for p in claims.OnConflict]}"
             ) from None
-        run_id = launching.launch(
+        return launching.launch_then(
             self.transact,
             self.settings,
             workflow,
@@ -158,8 +158,8 @@ class Orchestrator:
             concurrency_key=concurrency_key,
             on_conflict=policy,
             now=self.clock(),
+            read=lambda session, run_id: self._record(session, self._owned(session, run_id, owner)),
         )
-        return self.get(run_id, owner=owner)
 
     def cancel(self, run_id: str, *, owner: str, graceful: bool = False) -> RunRecord:
         """Cancel the run. Returns the terminal ``cancelled`` record (or the run unchanged if it

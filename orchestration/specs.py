@@ -37,3 +37,11 @@ def of_run(session: Session, run_id: str) -> tuple[StepSpec, ...]:
         while len(_CACHE) > CACHED_RUNS:
             _CACHE.popitem(last=False)
     return specs
+
+
+def remember(run_id: str, steps: tuple[StepSpec, ...]) -> None:
+    """Seed the cache with a run's specs as its launch parsed them."""
+    with _LOCK:
+        _CACHE[run_id] = steps
+        while len(_CACHE) > CACHED_RUNS:
+            _CACHE.popitem(last=False)

@@ -106,6 +106,11 @@ class _Budget:
             )
 
 
+def has_placeholders(task: Any) -> bool:
+    """Whether ``task`` names any data (a task without placeholders renders as itself)."""
+    return any(PLACEHOLDER.search(text) for _, text in _strings(task, "task"))
+
+
 def render(
     task: Any, context: Mapping[str, Any], field: str = "task", *, limit: int | None = None
 ) -> Any:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from orchestration.errors import IllegalTransition, RunNotFound
@@ -51,11 +51,14 @@ def transition_run(
     stop_reason: StopReason | None = None,
     expect: Collection[RunStatus] | None = None,
     values: Mapping[str, Any] | None = None,
+    seen: RunStatus | None = None,
 ) -> RunStatus:
     """Move run ``run_id`` to ``to`` and journal it; return the status it left.
 
     ``expect`` narrows the allowed sources further (e.g. only from ``parked``). ``values`` are
-    other columns written in the same statement. A terminal ``to`` needs a ``stop_reason``
+    other columns written in the same statement. ``seen`` is the status the caller read in
+    this transaction (under the row's lock): the first compare-and-set is tried on it without
+    reading the status again. A terminal ``to`` needs a ``stop_reason``
     allowed for it and sets ``finished_at``.
 
     Raises :class:`IllegalTransition` when the current status does not allow ``to`` (or not
@@ -80,10 +83,12 @@ def transition_run(
         row_values.setdefault("started_at", func.coalesce(Run.started_at, now))
     current: str | None = None
     for _ in range(_CAS_TRIES):
-        current = session.execute(select(Run.status).where(Run.id == run_id)).scalar()
-        if current is None:
-            raise RunNotFound(run_id)
-        seen = RunStatus(current)
+        if seen is None:
+            current = session.execute(select(Run.status).where(Run.id == run_id)).scalar()
+            if current is None:
+                raise RunNotFound(run_id)
+            seen = RunStatus(current)
+        current = seen.value
         if to not in RUN_TRANSITIONS[seen] or (expect is not None and seen not in expect):
             raise IllegalTransition("run", run_id, current, to.value)
         done = session.execute(
@@ -93,36 +98,40 @@ def transition_run(
             .execution_options(synchronize_session=False)
         )
         if done.rowcount == 1:  # type: ignore[attr-defined]
-            session.add(
-                RunEvent(
-                    run_id=run_id,
-                    step_id=None,
-                    from_status=seen.value,
-                    to_status=to.value,
-                    cause=cause,
-                    stop_reason=row_values.get("stop_reason"),
-                    at=now,
-                )
-            )
-            session.flush()
+            _journal(session, run_id, None, seen.value, to.value, cause, now, row_values)
             return seen
+        seen = None
     raise IllegalTransition("run", run_id, current, to.value)
+
+
+class StepKey(Protocol):
+    """What a step write needs to name its row and journal it (a ``Step``, or what the
+    execution's fence returned)."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def step_id(self) -> str: ...
 
 
 def transition_step(
     session: Session,
-    step: Step,
+    step: StepKey,
     to: StepStatus,
     *,
     cause: str,
     now: datetime,
     expect: Collection[StepStatus] | None = None,
     values: Mapping[str, Any] | None = None,
+    seen: StepStatus | None = None,
 ) -> StepStatus:
     """Move ``step`` to ``to`` and journal it; return the status it left.
 
-    The row is compared and set in SQL (``step`` is only used for its key); raises
-    :class:`IllegalTransition` when the current status does not allow ``to``.
+    The row is compared and set in SQL (``step`` is only used for its key, run and id); raises
+    :class:`IllegalTransition` when the current status does not allow ``to``. ``seen`` as for
+    :func:`transition_run`.
     """
     row_values: dict[str, Any] = {"status": to.value, "updated_at": now, **(values or {})}
     if to in STEP_TERMINAL:
@@ -131,10 +140,12 @@ def transition_step(
         row_values.setdefault("started_at", func.coalesce(Step.started_at, now))
     current: str | None = None
     for _ in range(_CAS_TRIES):
-        current = session.execute(select(Step.status).where(Step.pk == step.pk)).scalar()
-        if current is None:
-            raise IllegalTransition("step", step.step_id, None, to.value)
-        seen = StepStatus(current)
+        if seen is None:
+            current = session.execute(select(Step.status).where(Step.pk == step.pk)).scalar()
+            if current is None:
+                raise IllegalTransition("step", step.step_id, None, to.value)
+            seen = StepStatus(current)
+        current = seen.value
         if to not in STEP_TRANSITIONS[seen] or (expect is not None and seen not in expect):
             raise IllegalTransition("step", f"{step.run_id}/{step.step_id}", current, to.value)
         done = session.execute(
@@ -144,19 +155,34 @@ def transition_step(
             .execution_options(synchronize_session=False)
         )
         if done.rowcount == 1:  # type: ignore[attr-defined]
-            session.add(
-                RunEvent(
-                    run_id=step.run_id,
-                    step_id=step.step_id,
-                    from_status=seen.value,
-                    to_status=to.value,
-                    cause=cause,
-                    at=now,
-                )
-            )
-            session.flush()
+            _journal(session, step.run_id, step.step_id, seen.value, to.value, cause, now, {})
             return seen
+        seen = None
     raise IllegalTransition("step", f"{step.run_id}/{step.step_id}", current, to.value)
+
+
+def _journal(
+    session: Session,
+    run_id: str,
+    step_id: str | None,
+    from_status: str,
+    to_status: str,
+    cause: str,
+    now: datetime,
+    values: Mapping[str, Any],
+) -> None:
+    """The journal row of a transition, in the same transaction (one INSERT, no flush)."""
+    session.execute(
+        insert(RunEvent).values(
+            run_id=run_id,
+            step_id=step_id,
+            from_status=from_status,
+            to_status=to_status,
+            cause=cause,
+            stop_reason=values.get("stop_reason"),
+            at=now,
+        )
+    )
 
 
 def touch_run(session: Session, run_id: str, now: datetime, **values: Any) -> bool:
@@ -180,7 +206,7 @@ def lock_run(session: Session, run_id: str, now: datetime) -> bool:
     return touch_run(session, run_id, now)
 
 
-def touch_step(session: Session, step: Step, now: datetime, **values: Any) -> bool:
+def touch_step(session: Session, step: StepKey, now: datetime, **values: Any) -> bool:
     """Write non-status columns of a live step; ``False`` when the step is terminal."""
     done = session.execute(
         update(Step)

@@ -42,6 +42,7 @@ class StepRow:
     """The step's columns an execution reads, as the fence returned them."""
 
     pk: int
+    run_id: str
     step_id: str
     provider: str
     status: StepStatus
@@ -103,6 +104,7 @@ def enter(
     pk, step_id, provider, status, provider_run_id, key, attempt, started_at, last = fenced
     step = StepRow(
         pk,
+        run_id,
         step_id,
         provider,
         StepStatus(status),

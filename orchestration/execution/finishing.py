@@ -7,6 +7,7 @@ waits (``waiting``) while the effects phase runs them with bounded attempts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -40,9 +41,11 @@ def finish(
     captured: tuple[Any, str | None] | None,
     steps: int,
     chained: bool,
+    recorded: Mapping[str, Any],
 ) -> Done[Outcome | EffectsDue]:
-    """Record the turn's output; with ``captured`` (the inline checkpoint attempt), settle the
-    effects and complete the step in this transaction."""
+    """Record the turn's output (with ``recorded``, the other step columns the caller has to
+    write); with ``captured`` (the inline checkpoint attempt), settle the effects and
+    complete the step in this transaction, all of the step's columns in one statement."""
     too_big = bounds.over(output, settings.max_output_bytes, "the output", "ORCH_MAX_OUTPUT_BYTES")
     if too_big:
         return Done(
@@ -50,14 +53,24 @@ def finish(
             fail(session, settings, run.id, f"step {step.step_id}: {too_big}", now, over=True),
         )
     unpark(session, run, step, now)
-    touch_step(session, step, now, output=output, error=None)
+    values = {**recorded, "output": output, "error": None}
     if captured is not None:
         progress = effects.record_capture(session, settings, step, captured, now)
         if progress.settled:
             return complete(
-                session, settings, run, step, output, progress, now, steps=steps, chained=chained
+                session,
+                settings,
+                run,
+                step,
+                output,
+                progress,
+                now,
+                steps=steps,
+                chained=chained,
+                values=values,
             )
-    else:
+    touch_step(session, step, now, **values)
+    if captured is None:
         effects.enqueue(session, settings, step, now=now)
     transition_run(
         session,
@@ -85,8 +98,10 @@ def complete(
     *,
     steps: int,
     chained: bool,
+    values: Mapping[str, Any] | None = None,
 ) -> Done[Outcome | EffectsDue]:
-    """Effects settled: complete the step and move the run to the next step, or end it.
+    """Effects settled: complete the step (writing ``values`` too) and move the run to the
+    next step, or end it.
 
     ``chained`` says whether this execution's message carries the next link; if not (the
     last link of a segment, or a step that polled), the next segment is armed here."""
@@ -114,7 +129,8 @@ def complete(
         StepStatus.COMPLETED,
         cause="turn finished and effects ran" + (f"; {failed}" if failed else ""),
         now=now,
-        values={"error": failed or None},
+        values={**(values or {}), "error": failed or None},
+        seen=StepStatus(step.status),
     )
     if step.index == steps - 1:
         then = closing.end_run(
@@ -131,7 +147,7 @@ def complete(
         return Done(Proceed(), then)
     # The next step has not started: until its first execution stamps the run, the deadline
     # is the heartbeat's (the finished step's timeout no longer bounds anything).
-    values = {
+    moved = {
         "current_step": step.index + 1,
         "heartbeat_at": now,
         "deadline_at": deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now),
@@ -143,10 +159,11 @@ def complete(
             RunStatus.RUNNING,
             cause=f"step {step.step_id} completed",
             now=now,
-            values=values,
+            values=moved,
+            seen=RunStatus.WAITING,
         )
     else:
-        touch_run(session, run.id, now, **values)
+        touch_run(session, run.id, now, **moved)
     then = Followups()
     if not chained:
         then = chains.arm(session, settings, run, now=now, first_index=step.index + 1)

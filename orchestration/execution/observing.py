@@ -51,7 +51,7 @@ def observe(
     chained: bool,
 ) -> Done[Outcome | EffectsDue]:
     """Act on ``observed`` in the transaction that locked ``run`` and ``step``."""
-    touch_step(session, step, now, last_provider_status=observed.raw[:200] or None)
+    said = {"last_provider_status": observed.raw[:200] or None}
     status = observed.status
     if status in FINISHED:
         return finishing.finish(
@@ -64,7 +64,9 @@ def observe(
             captured=captured,
             steps=steps,
             chained=chained,
+            recorded=said,
         )
+    touch_step(session, step, now, **said)
     if status in (ProviderStatus.FAILED, ProviderStatus.CANCELLED):
         why = observed.error or f"the provider ended the turn as {observed.raw!r}"
         return Done(

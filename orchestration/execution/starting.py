@@ -44,18 +44,17 @@ def claim(
     entry: Entry,
     now: datetime,
 ) -> Done[StartCall | Outcome]:
-    """Render the task, move the step (and a queued run) to running and claim the start."""
-    step = session.get(Step, entry.step.pk)
-    assert step is not None
-    if entry.step.provider_run_id is not None:
+    """Render the task, move the step (and a queued run) to running and claim the start, in
+    the entry's transaction (its stamp holds the run row)."""
+    step = entry.step
+    if step.provider_run_id is not None:
         return Done(Poll(entry.spec.poll_interval, entry.tick))
-    args, outputs = _context(session, run_id)
+    context: dict[str, Any] = {"args": {}, "steps": {}}
+    if templating.has_placeholders(entry.spec.task):
+        context = _context(session, run_id)
     try:
         rendered = templating.render(
-            entry.spec.task,
-            {"args": args, "steps": outputs},
-            "task",
-            limit=settings.max_rendered_task_bytes,
+            entry.spec.task, context, "task", limit=settings.max_rendered_task_bytes
         )
     except LimitExceeded as exc:
         return Done(
@@ -67,33 +66,44 @@ def claim(
             Halt("task could not be rendered"),
             fail(session, settings, run_id, f"step {step.step_id}: {exc}", now),
         )
-    if entry.step.status is StepStatus.PENDING:
+    if step.status is StepStatus.PENDING:
         transition_step(
             session,
             step,
             StepStatus.RUNNING,
             cause="turn starting",
             now=now,
-            values={"input": rendered},
+            values={"input": rendered, "start_claimed_at": now},
+            seen=StepStatus.PENDING,
         )
+    else:
+        touch_step(session, step, now, start_claimed_at=now)
     if entry.run_status is RunStatus.QUEUED:
-        transition_run(session, run_id, RunStatus.RUNNING, cause="first step starting", now=now)
-    touch_step(session, step, now, start_claimed_at=now)
-    session.refresh(step)
+        transition_run(
+            session,
+            run_id,
+            RunStatus.RUNNING,
+            cause="first step starting",
+            now=now,
+            seen=RunStatus.QUEUED,
+        )
+    answer = None
+    if step.attempt > 1:  # a turn that resumes a human park carries the answer
+        answer = session.scalar(select(Step.answer).where(Step.pk == step.pk))
     request = TurnRequest(
-        key=entry.step.idempotency_key,
+        key=step.idempotency_key,
         run_id=run_id,
         step_id=step.step_id,
         attempt=step.attempt,
         input=rendered,
         options=entry.spec.options,
-        resume=step.answer,
+        resume=answer,
         resuming=step.attempt > 1,
     )
-    return Done(StartCall(request, entry.step.provider))
+    return Done(StartCall(request, step.provider))
 
 
-def _context(session: Session, run_id: str) -> tuple[Any, dict[str, Any]]:
+def _context(session: Session, run_id: str) -> dict[str, Any]:
     """The run's args and the outputs of its completed steps, for the task's template."""
     args = session.scalar(select(Run.args).where(Run.id == run_id))
     rows = session.execute(
@@ -101,4 +111,4 @@ def _context(session: Session, run_id: str) -> tuple[Any, dict[str, Any]]:
             Step.run_id == run_id, Step.status == StepStatus.COMPLETED.value
         )
     ).all()
-    return args, {step_id: {"output": output} for step_id, output in rows}
+    return {"args": args, "steps": {step_id: {"output": output} for step_id, output in rows}}

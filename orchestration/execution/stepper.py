@@ -157,7 +157,11 @@ class Stepper:
 
         def record(session: Session) -> Done[Outcome | EffectsDue]:
             run, step = lock(session, run_id, index, tick, now, STARTABLE)
-            touch_step(session, step, now, start_claimed_at=None)
+            unfit = provider_run_id is not None and bounds.provider_id(
+                provider_run_id, self.settings
+            )
+            if outage is not None or refused is not None or unfit:
+                touch_step(session, step, now, start_claimed_at=None)
             if outage is not None:
                 return observing.outage(session, self.settings, run, step, spec, outage, now)
             if refused is not None:
@@ -166,7 +170,6 @@ class Stepper:
                     fail(session, self.settings, run_id, refused, now),
                 )
             assert provider_run_id is not None
-            unfit = bounds.provider_id(provider_run_id, self.settings)
             if unfit:
                 return Done(
                     Halt("provider run id over its bound"),
@@ -179,31 +182,29 @@ class Stepper:
                         over=True,
                     ),
                 )
-            touch_step(
-                session,
-                step,
-                now,
-                provider_run_id=provider_run_id,
+            recorded = {
+                "start_claimed_at": None,
+                "provider_run_id": provider_run_id,
                 # What the status call right after the start said, so that the first poll
                 # writes only if the turn has moved on since.
-                last_provider_status=(observed.raw[:200] or None) if observed else "started",
-                error=None,
-                next_poll_at=now + timedelta(seconds=spec.poll_interval),
-            )
-            session.refresh(step)
+                "last_provider_status": (observed.raw[:200] or None) if observed else "started",
+                "error": None,
+                "next_poll_at": now + timedelta(seconds=spec.poll_interval),
+            }
             if observed is not None and observed.status in FINISHED:
-                return observing.observe(
+                return finishing.finish(
                     session,
                     self.settings,
                     run,
                     step,
-                    spec,
-                    observed,
+                    observed.output,
                     now,
                     captured=captured,
                     steps=len(specs.of_run(session, run_id)),
                     chained=chained,
+                    recorded=recorded,
                 )
+            touch_step(session, step, now, **recorded)
             parking.unpark(session, run, step, now)
             return Done(Poll(spec.poll_interval, tick))
 
