@@ -232,10 +232,12 @@ def _write(
     session.flush()
     if queued:
         touch_run(session, run_id, now, claim=ClaimState.QUEUED.value)
+        session.expire_all()  # the writes above went to SQL, past the objects
         return Done(read(session, run_id), then)
     claim = decision.claim.value if decision is not None else None
     specs.remember(run_id, steps)
     then += chains.arm(session, settings, run, now=now, claim=claim)
+    session.expire_all()  # the writes above went to SQL, past the objects
     return Done(read(session, run_id), then)
 
 

@@ -718,3 +718,21 @@ def test_an_interval_set_over_the_limit_is_still_refused(
         )
     assert caught.value.field == field
     assert "ORCH_MAX_POLL_INTERVAL_LIMIT" in str(caught.value)
+
+
+def test_the_launch_record_is_the_row_as_committed(settings: Settings) -> None:
+    """``Orchestrator.launch`` reads its record in the launch's own transaction: it must show
+    what that transaction wrote through SQL (the claim, the chain's task ids), as a later
+    ``get`` does."""
+    from orchestration.service import Orchestrator
+
+    queue = RecordingDispatcher()
+    orch = Orchestrator(settings, queue)
+    holder = orch.launch(workflow(), owner="o", concurrency_key="k", on_conflict="enqueue")
+    queued = orch.launch(workflow(), owner="o", concurrency_key="k", on_conflict="enqueue")
+    assert (holder.claim, queued.claim) == ("holding", "queued")
+    assert holder.task_ids == queue.chains[0].task_ids
+    assert holder.steps[0].celery_task_id == queue.chains[0].task_ids[0]
+    for record in (holder, queued):
+        again = orch.get(record.id, owner="o")
+        assert record.model_dump(exclude={"health"}) == again.model_dump(exclude={"health"})
