@@ -11,7 +11,7 @@ claim to clear before it reads the turns to stop. No lock is held across the pro
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -57,7 +57,6 @@ def _record_request(
         deadline = deadlines.for_run(
             settings,
             run,
-            None,
             heartbeat_at=run.heartbeat_at or run.created_at,
             status=RunStatus.CANCELLING,
             now=now,
@@ -147,7 +146,7 @@ def _await_starts(transact: Transact, settings: Settings, run_id: str, now: date
     request committed either records its turn (so it is stopped next) or ends by its hard
     deadline. A claim older than one provider call plus margin belongs to a dead worker and is
     not waited for (its turn, if any, is stopped by its key)."""
-    window = timedelta(seconds=settings.provider_timeout + MARGIN_SECONDS)
+    window = turns.claim_window(settings)
     until = time.monotonic() + window.total_seconds()
     while True:
         in_flight = transact(

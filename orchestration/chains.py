@@ -63,7 +63,7 @@ def arm(
     """
     # Read the columns as they are now (transitions write SQL directly: ``answer`` has just
     # reset the step's start, for one), and not the workflow: its specs are cached.
-    query = select(Step.index, Step.polls, Step.started_at).where(
+    query = select(Step.index, Step.polls).where(
         Step.run_id == run.id, Step.status.in_([s.value for s in STEP_LIVE])
     )
     if first_index is not None:
@@ -71,7 +71,7 @@ def arm(
     found = session.execute(query.order_by(Step.index).limit(1)).first()
     if found is None:
         return Followups()
-    start, polls, started_at = found
+    start, polls = found
     row = session.execute(
         select(
             Run.task_ids,
@@ -92,7 +92,6 @@ def arm(
             settings,
             RunStatus(row.status),
             heartbeat_at=now,
-            step_timeout_at=deadlines.step_timeout_at(started_at, steps[start].timeout),
             park_reason=row.park_reason,
             parked_since=row.parked_since,
             waiting_until=row.waiting_until,

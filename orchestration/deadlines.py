@@ -53,19 +53,16 @@ def step_timeout_at(started_at: datetime | None, timeout: float) -> datetime | N
 def for_run(
     settings: Settings,
     run: Run,
-    step_timeout: datetime | None,
     *,
     heartbeat_at: datetime,
     status: RunStatus | None = None,
     now: datetime | None = None,
 ) -> datetime:
-    """The deadline of ``run`` as its row stands (in ``status``, default its own), with its
-    current step timing out at ``step_timeout``: every writer states it through here."""
+    """The deadline of ``run`` as its row stands (in ``status``, default its own)."""
     return compute(
         settings,
         status or RunStatus(run.status),
         heartbeat_at=heartbeat_at,
-        step_timeout_at=step_timeout,
         park_reason=run.park_reason,
         parked_since=run.parked_since,
         waiting_until=run.waiting_until,
@@ -79,7 +76,6 @@ def compute(
     status: RunStatus,
     *,
     heartbeat_at: datetime,
-    step_timeout_at: datetime | None = None,
     park_reason: str | None = None,
     parked_since: datetime | None = None,
     waiting_until: datetime | None = None,
@@ -98,7 +94,6 @@ def compute(
             settings,
             status,
             heartbeat_at,
-            step_timeout_at,
             park_reason,
             parked_since,
             waiting_until,
@@ -112,7 +107,6 @@ def _condition(
     settings: Settings,
     status: RunStatus,
     heartbeat_at: datetime,
-    step_timeout_at: datetime | None,
     park_reason: str | None,
     parked_since: datetime | None,
     waiting_until: datetime | None,
@@ -128,7 +122,7 @@ def _condition(
             # A polled park (engine limit, platform interrupt) still needs a live heartbeat.
             expiry = min(expiry, alive_until)
         return expiry
-    if status is RunStatus.RUNNING and step_timeout_at is not None:
-        # The step's timeout bounds its turn; effects (``waiting``) are bounded by attempts.
-        return min(step_timeout_at, alive_until)
+    # A running run's step times itself out, but only while its worker lives; the sweeper's
+    # condition is the dead heartbeat (it has no rule at the step's timeout: a deadline that
+    # counted from the timeout, once it had passed, was one the sweeper could not keep).
     return alive_until

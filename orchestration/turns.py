@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -25,10 +25,17 @@ from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
 from orchestration.providers import budget
 from orchestration.providers.base import TurnRef
-from orchestration.settings import Settings
+from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import StepStatus, TurnStopStatus
 
 LOG = logging.getLogger(__name__)
+
+
+def claim_window(settings: Settings) -> timedelta:
+    """How long a provider start claim counts as in flight: one call's hard deadline and the
+    margin. An older claim belongs to an execution that died (its turn, if any, is found by
+    its key)."""
+    return timedelta(seconds=settings.provider_timeout + MARGIN_SECONDS)
 
 
 def step_options(run: Run, index: int) -> dict[str, object]:

@@ -51,6 +51,7 @@ class StepRow:
     attempt: int
     started_at: datetime | None
     last_provider_status: str | None
+    start_claimed_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -96,26 +97,27 @@ def enter(
             Step.attempt,
             Step.started_at,
             Step.last_provider_status,
+            Step.start_claimed_at,
         )
         .execution_options(synchronize_session=False)
     ).first()
     if fenced is None:
         return _why_not(session, run_id, index)
-    pk, step_id, provider, status, provider_run_id, key, attempt, started_at, last = fenced
+    pk, step_id, provider, status, run_turn, key, attempt, started_at, last, claimed = fenced
     step = StepRow(
         pk,
         run_id,
         step_id,
         provider,
         StepStatus(status),
-        provider_run_id,
+        run_turn,
         str(key),
         attempt,
         started_at,
         last,
+        claimed,
     )
     spec = specs.of_run(session, run_id)[index]
-    timeout_at = deadlines.step_timeout_at(step.started_at, spec.timeout)
     stamped = session.execute(
         update(Run)
         .where(
@@ -127,9 +129,7 @@ def enter(
             heartbeat_at=now,
             current_step=index,
             updated_at=now,
-            deadline_at=deadlines.compute(
-                settings, RunStatus.RUNNING, heartbeat_at=now, step_timeout_at=timeout_at
-            ),
+            deadline_at=deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now),
         )
         .returning(Run.park_reason)
         .execution_options(synchronize_session=False)
@@ -142,7 +142,7 @@ def enter(
             spec,
             RunStatus.RUNNING,
         )
-    return _stamp_other(session, settings, run_id, index, step, spec, timeout_at, tick, now)
+    return _stamp_other(session, settings, run_id, index, step, spec, tick, now)
 
 
 def _stamp_other(
@@ -152,7 +152,6 @@ def _stamp_other(
     index: int,
     step: StepRow,
     spec: StepSpec,
-    timeout_at: datetime | None,
     tick: int,
     now: datetime,
 ) -> Entry:
@@ -176,7 +175,7 @@ def _stamp_other(
                 heartbeat_at=now,
                 current_step=index,
                 updated_at=now,
-                deadline_at=deadlines.for_run(settings, run, timeout_at, heartbeat_at=now),
+                deadline_at=deadlines.for_run(settings, run, heartbeat_at=now),
             )
             .execution_options(synchronize_session=False)
         )

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import templating
+from orchestration import templating, turns
 from orchestration.errors import LimitExceeded, ValidationError
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome, Poll
@@ -48,6 +48,13 @@ def claim(
     the entry's transaction (its stamp holds the run row)."""
     step = entry.step
     if step.provider_run_id is not None:
+        return Done(Poll(entry.spec.poll_interval, entry.tick))
+    if step.start_claimed_at is not None and now - step.start_claimed_at < turns.claim_window(
+        settings
+    ):
+        # Another delivery's start is in flight: it records the turn, or (having lost the
+        # fence to this one) hands the turn's id to the step. Starting again would call the
+        # provider twice for one key; this execution looks again after a poll interval.
         return Done(Poll(entry.spec.poll_interval, entry.tick))
     context: dict[str, Any] = {"args": {}, "steps": {}}
     if templating.has_placeholders(entry.spec.task):

@@ -17,7 +17,7 @@ import pytest
 
 from orchestration.closing import end_run
 from orchestration.db import utcnow
-from orchestration.execution import Outcome, Stepper
+from orchestration.execution import Outcome, Poll, Stepper
 from orchestration.followups import Done
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
@@ -159,3 +159,27 @@ def test_a_start_that_outlives_its_run_stops_its_own_turn(
     assert [target for _, target in behaviour.cancelled] == ["/runs/turn-9/cancel"]
     step = steps_of(settings, run_id)[0]
     assert (step.provider_run_id, step.turn_stop["status"]) == ("turn-9", "stopped")
+
+
+def test_a_duplicate_delivery_never_starts_a_turn_while_a_start_is_in_flight(
+    settings: Settings,
+) -> None:
+    """Chaos finding: a redelivered message fenced the step while the first delivery was in
+    its start call (then its status call), found no turn recorded, and called ``start`` on
+    the same key again. A live claim makes it wait; a claim older than one call's deadline
+    and the margin belongs to a dead execution, and the start is tried again."""
+    from orchestration import turns
+    from orchestration.providers.scripted import ScriptedProvider
+    from tests.unit.support import T0, Clock, step_spec
+
+    run_id = launch(settings, workflow(step_spec(with_={"states": [["running", 1000]]})))
+    force_step(settings, run_id, 0, status="running", started_at=T0, start_claimed_at=T0, polls=1)
+    clock = Clock(T0 + timedelta(seconds=1))
+    stepper = Stepper(settings, Executor(settings, None), clock=clock)
+    waited = stepper.advance(run_id, 0, 1)
+    assert waited == Poll(0.1, 2)
+    assert ScriptedProvider(settings).start_calls(run_id + ":") == []
+    clock.advance(turns.claim_window(settings).total_seconds())
+    assert isinstance(stepper.advance(run_id, 0, 2), Poll)
+    assert len(ScriptedProvider(settings).start_calls(run_id + ":")) == 1
+    assert steps_of(settings, run_id)[0].provider_run_id is not None

@@ -218,12 +218,7 @@ def test_each_execution_stamps_the_heartbeat_and_the_deadline(
     assert run.heartbeat_at == clock()
     step = steps_of(settings, run_id)[0]
     assert step.started_at is not None
-    assert run.deadline_at == deadlines.compute(
-        settings,
-        RunStatus.RUNNING,
-        heartbeat_at=clock(),
-        step_timeout_at=step.started_at + timedelta(seconds=1800),
-    )
+    assert run.deadline_at == deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=clock())
 
 
 def test_polls_back_off_up_to_the_max_poll_interval(settings: Settings, clock: Clock) -> None:
