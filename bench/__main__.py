@@ -148,7 +148,7 @@ def _carry_sweep(result: dict[str, Any], previous: Path) -> None:
 def _targets(result: dict[str, Any], args: argparse.Namespace) -> None:
     baseline = targets.load_baseline(args.baseline)
     result["targets"] = {
-        "baseline": str(args.baseline),
+        "baseline": _shown(args.baseline),
         "baseline_commit": args.baseline.stem,
         "rows": targets.evaluate(result, baseline),
     }
@@ -309,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(result, args.report)
     print(f"[bench] wrote {args.report} in {result['runtime_s'] / 60:.1f} min", flush=True)
     return 1 if run.errors else 0
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the docs show it: relative to the repository when it is inside it."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
 
 
 if __name__ == "__main__":
