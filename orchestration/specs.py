@@ -32,10 +32,7 @@ def of_run(session: Session, run_id: str) -> tuple[StepSpec, ...]:
             return cached
     workflow = session.scalar(select(Run.workflow).where(Run.id == run_id))
     specs = tuple(StepSpec.model_validate(step) for step in (workflow or {}).get("steps", []))
-    with _LOCK:
-        _CACHE[run_id] = specs
-        while len(_CACHE) > CACHED_RUNS:
-            _CACHE.popitem(last=False)
+    remember(run_id, specs)
     return specs
 
 

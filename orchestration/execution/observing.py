@@ -98,8 +98,7 @@ def observe(
         countdown = parking.bounded(min(wait, spec.max_poll_interval), timeout_at, now)
         return Done(Poll(countdown, step.polls))
     parking.unpark(session, run, step, now)
-    countdown = parking.bounded(parking.backoff(spec, step.polls), timeout_at, now)
-    return Done(Poll(countdown, step.polls))
+    return Done(Poll(parking.next_poll(spec, step.started_at, step.polls, now), step.polls))
 
 
 def outage(
@@ -122,6 +121,4 @@ def outage(
     expired = parking.expire(session, settings, run, now)
     if expired is not None:
         return Done(Halt("park expired"), expired)
-    timeout_at = deadlines.step_timeout_at(step.started_at, spec.timeout)
-    countdown = parking.bounded(parking.backoff(spec, step.polls), timeout_at, now)
-    return Done(Poll(countdown, step.polls))
+    return Done(Poll(parking.next_poll(spec, step.started_at, step.polls, now), step.polls))

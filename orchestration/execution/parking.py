@@ -128,6 +128,12 @@ def bounded(countdown: float, timeout_at: datetime | None, now: datetime) -> flo
     return max(0.0, min(countdown, (timeout_at - now).total_seconds() + 0.05))
 
 
+def next_poll(spec: StepSpec, started_at: datetime | None, tick: int, now: datetime) -> float:
+    """The countdown to the next poll of a step at ``tick``: the backoff, cut to the timeout."""
+    timeout_at = deadlines.step_timeout_at(started_at, spec.timeout)
+    return bounded(backoff(spec, tick), timeout_at, now)
+
+
 def backoff(spec: StepSpec, tick: int) -> float:
     """``poll_interval`` for the first poll, doubling up to ``max_poll_interval``."""
     return float(min(spec.max_poll_interval, spec.poll_interval * 2 ** min(max(tick - 2, 0), 16)))

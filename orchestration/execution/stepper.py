@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, cancellation, deadlines, effects, providers, specs, turns
+from orchestration import bounds, cancellation, effects, providers, specs, turns
 from orchestration.db import utcnow
 from orchestration.errors import PermanentProviderError, RetryableProviderError
 from orchestration.execution import calls, finishing, observing, parking
@@ -259,10 +259,8 @@ class Stepper:
             return self._write(run_id, index, entry, chained, outage=outage)
         now = self.clock()
         if observing.unchanged(entry, observed, now):
-            limit = deadlines.step_timeout_at(entry.step.started_at, entry.spec.timeout)
-            return Poll(
-                parking.bounded(parking.backoff(entry.spec, entry.tick), limit, now), entry.tick
-            )
+            countdown = parking.next_poll(entry.spec, entry.step.started_at, entry.tick, now)
+            return Poll(countdown, entry.tick)
         return self._write(run_id, index, entry, chained, observed=observed, captured=captured)
 
     def _write(
