@@ -114,9 +114,7 @@ class Sweeper:
         rule = sweep_rules.owner(self.settings, run, now)
         if rule is None or not rule.due(self.settings, run, now):
             return None
-        done = getattr(self, f"_{rule.name}")(run, rule, now)
-        if isinstance(done, str) or done is None:
-            return done
+        done: bool = getattr(self, f"_{rule.name}")(run, rule, now)
         return rule.name if done else None
 
     def _cancels_enforced(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
@@ -132,9 +130,6 @@ class Sweeper:
             inline=False,
         )
 
-    def _promoted(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> str | None:
-        return self._queued_behind(run, now)
-
     def _parks_expired(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         return self._close(
             run, rule, now, RunStatus.TIMED_OUT, StopReason.PARK_EXPIRED,
@@ -146,9 +141,6 @@ class Sweeper:
             run, rule, now, RunStatus.INTERRUPTED, StopReason.HEARTBEAT_LOST,
             f"heartbeat dead after {run.rearms} re-arms (sweeper)",
         )  # fmt: skip
-
-    def _rearmed(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
-        return self._rearm(run, now)
 
     def _deadlines_exceeded(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         # The backstop: a live run past the deadline it stated, with a fresh heartbeat, is one
@@ -193,7 +185,7 @@ class Sweeper:
 
         return self.transact(close, lock_timeout=self.lock_timeout)
 
-    def _rearm(self, run: Run, now: datetime) -> bool:
+    def _rearmed(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         """Re-dispatch the run's chain from its current step. A compare-and-set on the re-arm
         count and on the heartbeat this pass saw: a second beat, or a step that stamped the
         run since the pass read it, makes this a no-op."""
@@ -248,12 +240,12 @@ class Sweeper:
                 session, step, StepStatus.PARKED, cause="worker lost; re-armed", now=now
             )
 
-    def _queued_behind(self, run: Run, now: datetime) -> str | None:
+    def _promoted(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         """Refresh the deadline of a run waiting for its key; promote it if the key is free."""
         assert run.concurrency_key is not None
         key = run.concurrency_key
 
-        def promote(session: Session) -> Done[str | None]:
+        def promote(session: Session) -> Done[bool]:
             holder = claims.holder(session, run.owner, key)
             if holder is not None:
                 touch_run(
@@ -262,7 +254,7 @@ class Sweeper:
                     now,
                     deadline_at=claims.queued_deadline(self.settings, holder.deadline_at, now),
                 )
-                return Done(None)
+                return Done(False)
             first = claims.first_queued(session, run.owner, key)
             if first is None or first.id != run.id:
                 touch_run(
@@ -273,9 +265,9 @@ class Sweeper:
                         self.settings, RunStatus.QUEUED, heartbeat_at=now
                     ),
                 )
-                return Done(None)
+                return Done(False)
             then = chains.arm(session, self.settings, first, now=now, claim=ClaimState.HOLDING)
-            return Done("promoted", then)
+            return Done(True, then)
 
         return self.transact(promote, lock_timeout=self.lock_timeout)
 
