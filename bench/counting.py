@@ -6,8 +6,10 @@ statements by the transaction they ran in. The scripted provider keeps its turns
 database (the same engine on PostgreSQL), so a transaction whose statements all touch its
 tables (``scripted_*``) is the provider's, counted apart: a real provider answers over HTTP.
 
-Round trips = statements + ``BEGIN`` + ``COMMIT`` + pool checkouts (``pool_pre_ping`` sends a
-``SELECT 1`` on each), provider's included (they are on the same connection pool).
+Round trips = statements + the ``BEGIN`` and ``COMMIT`` the driver sent (none around an
+autocommit read) + pings, provider's included (they are on the same connection pool). A ping is
+the ``SELECT 1`` on checkout: on every checkout for an engine built with ``pool_pre_ping`` (the
+baseline), on a connection idle for ``orchestration.db.PING_IDLE_SECONDS`` or more otherwise.
 
 Only SQLAlchemy and ``orchestration.db.get_engine`` are used, so the same counter runs against
 an older engine (the baseline in ``bench/baseline/``).
@@ -25,6 +27,11 @@ from sqlalchemy import event
 
 from bench import stats
 from orchestration.db import get_engine
+
+try:
+    from orchestration.db import PING_IDLE_SECONDS as _PING_IDLE
+except ImportError:  # an engine from before the idle-only ping (the baseline) pings always
+    _PING_IDLE = 0.0
 
 #: Tables of the scripted provider: its statements are the provider's, not the engine's.
 PROVIDER_MARK = "scripted_"
@@ -56,7 +63,9 @@ class Counts:
         self.transactions: list[list[str]] = []
         self.outside: list[str] = []
         self.commits = 0
+        self.begins = 0
         self.checkouts = 0
+        self.pings = 0
         self.active = False
         event.listen(self.engine, "before_cursor_execute", self._statement)
         event.listen(self.engine, "commit", self._commit)
@@ -70,17 +79,27 @@ class Counts:
     def _commit(self, *_: Any) -> None:
         self.commits += self.active
 
-    def _begin(self, *_: Any) -> None:
+    def _begin(self, connection: Any) -> None:
         if self.active:
             self.transactions.append([])
+            isolation = connection.get_execution_options().get("isolation_level")
+            self.begins += isolation != "AUTOCOMMIT"
 
-    def _checkout(self, *_: Any) -> None:
-        self.checkouts += self.active
+    def _checkout(self, _dbapi: Any, record: Any, _proxy: Any) -> None:
+        if not self.active:
+            return
+        self.checkouts += 1
+        idle_since = record.info.get("checked_in")
+        self.pings += bool(
+            self.engine.pool._pre_ping
+            or (idle_since is not None and time.monotonic() - idle_since >= _PING_IDLE)
+        )
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[dict[str, Any]]:
         """Count what runs inside; the yielded dict is filled in when the block ends."""
-        self.transactions, self.outside, self.commits, self.checkouts = [], [], 0, 0
+        self.transactions, self.outside = [], []
+        self.commits = self.begins = self.checkouts = self.pings = 0
         result: dict[str, Any] = {}
         self.active = True
         started = time.perf_counter()
@@ -89,11 +108,26 @@ class Counts:
         finally:
             self.active = False
             result["seconds"] = time.perf_counter() - started
-            result.update(summary(self.transactions, self.outside, self.commits, self.checkouts))
+            result.update(
+                summary(
+                    self.transactions,
+                    self.outside,
+                    commits=self.commits,
+                    begins=self.begins,
+                    checkouts=self.checkouts,
+                    pings=self.pings,
+                )
+            )
 
 
 def summary(
-    transactions: list[list[str]], outside: list[str], commits: int, checkouts: int
+    transactions: list[list[str]],
+    outside: list[str],
+    *,
+    commits: int,
+    begins: int,
+    checkouts: int,
+    pings: int,
 ) -> dict[str, Any]:
     """The counts of one block: engine statements and transactions, provider's apart."""
     everything = [s for txn in transactions for s in txn] + outside
@@ -112,7 +146,8 @@ def summary(
         ],
         "commits": commits,
         "checkouts": checkouts,
-        "round_trips": len(everything) + len(transactions) + commits + checkouts,
+        "pings": pings,
+        "round_trips": len(everything) + begins + commits + pings,
     }
 
 
@@ -140,6 +175,7 @@ _KEYS = (
     "provider_transactions",
     "commits",
     "checkouts",
+    "pings",
     "round_trips",
     "seconds",
 )

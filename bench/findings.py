@@ -79,7 +79,8 @@ def findings(report: dict[str, Any]) -> str:
             f"{num(per['poll']['round_trips'])} round trips** (start "
             f"{num(per['start']['round_trips'])}, finish with effects "
             f"{num(per['finish']['round_trips'])}); a bare retry has none. Each transaction "
-            "pays `BEGIN`, `COMMIT` and a pre-ping `SELECT 1`."
+            "pays `BEGIN` and `COMMIT`; a pooled connection is pinged (`SELECT 1`) only after "
+            "a second idle, and the provider's status read runs in autocommit."
             + (
                 f" With `Run.steps` loaded lazily a poll is {num(lazy['poll']['statements'])} "
                 f"statements and {num(lazy['poll']['seconds'], 'ms')} in-process instead of "

@@ -150,8 +150,10 @@ def render(report: dict[str, Any], experiments: dict[str, Any] | None = None) ->
         "runs against PostgreSQL (no Celery, no queue), statements grouped by transaction "
         "(`bench.counting`): a transaction that only touches the scripted provider's tables "
         "is the provider's, counted apart (a real provider answers over HTTP). Round trips = "
-        "statements + `BEGIN` + `COMMIT` + the `SELECT 1` that `pool_pre_ping` sends on every "
-        "session checkout, the provider's included. The instant-step table drives every step "
+        "statements + the `BEGIN` and `COMMIT` the driver sends (none around an autocommit "
+        "read) + the `SELECT 1` ping on checkout (every checkout in the baseline's "
+        "`pool_pre_ping`; now only for a connection idle a second or more), the provider's "
+        "included. The instant-step table drives every step "
         "of a 200-link run as the worker does (the last link of each chain segment arms the "
         "next). The second "
         'mapping forces `Run.steps` to `lazy="select"` in the benchmark process only, to price '

@@ -1,8 +1,10 @@
 """Chains of step tasks: planned, stored and returned for sending in bounded segments.
 
-:func:`arm` is the one way a chain is (re)sent: at launch, when a queued run gets its claim,
-when the sweeper re-arms a dead heartbeat, when ``answer`` resumes a human park, and when the
-last link of a segment finishes its step. A segment holds at most :data:`SEGMENT_LINKS`
+:func:`arm` is the one way a chain is re-sent: when a queued run gets its claim, when the
+sweeper re-arms a dead heartbeat, when ``answer`` resumes a human park, and when the last link
+of a segment finishes its step. A launch plans its first segment with :func:`plan_chain` and
+stores the task ids in the rows it inserts (the same columns ``arm`` writes), so it does not
+read back what it has just written. A segment holds at most :data:`SEGMENT_LINKS`
 links, so a step message stays the same size whatever the run's length; a polling step's
 retry carries no chain at all (the step task drops it), and the step that finishes without
 a next link in its message arms the next segment in the same transaction.

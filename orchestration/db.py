@@ -6,7 +6,9 @@ executor (``orchestration.runtime.executor``) opens one :func:`session_scope` pe
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -17,7 +19,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import NoSuchModuleError
+from sqlalchemy.exc import DisconnectionError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestration.errors import ConfigurationError, DatabaseNotReady
@@ -29,6 +31,11 @@ DRIVER_PACKAGES = {
     "psycopg2": "psycopg2-binary",
     "pg8000": "pg8000",
 }
+#: A pooled connection idle for longer than this is pinged before use; one used more recently is
+#: trusted. A connection that died inside that window (the server restarted) fails its first
+#: statement, which invalidates the pool, and the caller's retry gets a fresh one: every
+#: caller already has to survive a server lost between the ping and the statement.
+PING_IDLE_SECONDS = 1.0
 _ENGINES: dict[str, Engine] = {}
 _FACTORIES: dict[str, sessionmaker[Session]] = {}
 
@@ -38,8 +45,10 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@functools.lru_cache(maxsize=64)
 def normalize_url(url: str) -> str:
-    """Use psycopg 3 for ``postgresql://`` URLs (the driver this project installs)."""
+    """Use psycopg 3 for ``postgresql://`` URLs (the driver this project installs); cached,
+    since every session asks."""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
@@ -79,6 +88,29 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _checked_in(_dbapi_connection: Any, record: Any) -> None:
+    record.info["checked_in"] = time.monotonic()
+
+
+def _ping_if_idle(engine: Engine) -> Any:
+    """A pool ``checkout`` listener: ``pool_pre_ping`` for a connection that sat idle, none
+    for one back in use within :data:`PING_IDLE_SECONDS` (under load every execution would
+    otherwise pay a ``SELECT 1`` round trip per transaction)."""
+
+    def checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("checked_in")
+        if idle_since is None or time.monotonic() - idle_since < PING_IDLE_SECONDS:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError(f"pooled connection is gone: {type(exc).__name__}") from exc
+        if not alive:
+            raise DisconnectionError("pooled connection is gone")
+
+    return checkout
+
+
 def get_engine(url: str) -> Engine:
     """One engine per URL per process (Celery prefork children build their own after fork)."""
     url = normalize_url(url)
@@ -89,10 +121,13 @@ def get_engine(url: str) -> Engine:
             _sqlite_folder(url)
             kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
         else:
-            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5, pool_recycle=1800)
+            kwargs.update(pool_size=5, max_overflow=5, pool_recycle=1800)
         engine = _create_engine(url, kwargs)
         if url.startswith("sqlite"):
             event.listen(engine, "connect", _sqlite_pragmas)
+        else:
+            event.listen(engine.pool, "checkin", _checked_in)
+            event.listen(engine.pool, "checkout", _ping_if_idle(engine))
         _ENGINES[url] = engine
         _FACTORIES[url] = sessionmaker(engine, expire_on_commit=False)
     return _ENGINES[url]

@@ -1,8 +1,10 @@
 """Launch: validate, write the run and its steps in one transaction, then send the chain.
 
-The chain's first segment is planned and stored in that transaction (``chains.arm``) and sent
-by the executor after it commits. A launch onto a held concurrency key ends the holder it
-ousts (``claims.decide``) through ``closing.end_run`` in the same transaction.
+The chain's first segment is planned before the rows are written and its task ids go in with
+them (``chains.plan_chain``); the executor sends it after the commit. A launch is one read of
+the request id, one count of live runs, three inserts and the read of the record it returns.
+A launch onto a held concurrency key ends the holder it ousts (``claims.decide``) through
+``closing.end_run`` in the same transaction.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, RunEvent, Step
 from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, ClaimState, RunStatus, StepStatus
-from orchestration.transitions import touch_run
 from orchestration.workflows import StepSpec
 
 T = TypeVar("T")
@@ -178,6 +179,10 @@ def _write(
             )
     queued = decision is not None and decision.claim is ClaimState.QUEUED
     run_id = uuid.uuid4().hex
+    # The first segment's task ids go in with the rows (what ``chains.arm`` would store): a
+    # queued run gets its segment when it is given the claim.
+    plan = None if queued else chains.plan_chain(run_id, 0, len(steps))
+    task_of = {link.index: link.task_id for link in plan.links} if plan else {}
     deadline = (
         claims.queued_deadline(settings, decision.holder_deadline, now)
         if decision is not None and queued
@@ -196,12 +201,12 @@ def _write(
         updated_at=now,
         heartbeat_at=now,
         deadline_at=deadline,
-        task_ids=[],
+        task_ids=plan.task_ids if plan else [],
         current_step=0,
         rearms=0,
         concurrency_key=concurrency_key,
         on_conflict=on_conflict.value if concurrency_key else None,
-        claim=None,
+        claim=decision.claim.value if decision is not None else None,
         needs_review=False,
     )
     session.add(run)
@@ -216,6 +221,7 @@ def _write(
                 attempt=1,
                 idempotency_key=idempotency_key(run_id, step["id"], 1),
                 polls=0,
+                celery_task_id=task_of.get(index),
                 created_at=now,
                 updated_at=now,
             )
@@ -230,15 +236,10 @@ def _write(
         )
     )
     session.flush()
-    if queued:
-        touch_run(session, run_id, now, claim=ClaimState.QUEUED.value)
-        session.expire_all()  # the writes above went to SQL, past the objects
+    if plan is None:
         return Done(read(session, run_id), then)
-    claim = decision.claim.value if decision is not None else None
     specs.remember(run_id, steps)
-    then += chains.arm(session, settings, run, now=now, claim=claim)
-    session.expire_all()  # the writes above went to SQL, past the objects
-    return Done(read(session, run_id), then)
+    return Done(read(session, run_id), then + Followups(chains=(plan,)))
 
 
 def _check_capacity(session: Session, settings: Settings, owner: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import select, update
+from sqlalchemy import Integer, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from orchestration import deadlines, specs
@@ -25,6 +25,53 @@ from orchestration.states import RUN_TERMINAL, STEP_LIVE, ParkReason, RunStatus,
 from orchestration.workflows import StepSpec
 
 _LIVE_STEPS = [status.value for status in STEP_LIVE]
+
+# The two statements of every execution, built once: a poll then pays only for binding its
+# parameters, not for constructing and hashing the statement again.
+_FENCE = (
+    update(Step)
+    .where(
+        Step.run_id == bindparam("b_run"),
+        Step.index == bindparam("b_index"),
+        Step.polls == bindparam("b_tick"),
+        Step.status.in_(_LIVE_STEPS),
+    )
+    .values(
+        polls=bindparam("b_tick", type_=Integer) + 1,
+        worker=bindparam("b_worker"),
+        worker_pid=bindparam("b_pid"),
+        updated_at=bindparam("b_now"),
+    )
+    .returning(
+        Step.pk,
+        Step.step_id,
+        Step.provider,
+        Step.status,
+        Step.provider_run_id,
+        Step.idempotency_key,
+        Step.attempt,
+        Step.started_at,
+        Step.last_provider_status,
+        Step.start_claimed_at,
+    )
+    .execution_options(synchronize_session=False)
+)
+_STAMP_RUNNING = (
+    update(Run)
+    .where(
+        Run.id == bindparam("run"),
+        Run.status == RunStatus.RUNNING.value,
+        Run.cancel_requested_at.is_(None),
+    )
+    .values(
+        heartbeat_at=bindparam("now"),
+        current_step=bindparam("index"),
+        updated_at=bindparam("now"),
+        deadline_at=bindparam("deadline"),
+    )
+    .returning(Run.park_reason)
+    .execution_options(synchronize_session=False)
+)
 
 
 class Phase(StrEnum):
@@ -79,27 +126,15 @@ def enter(
     """Fence the step with ``tick`` and stamp the run; a :class:`Halt` when this delivery
     must not proceed (a duplicate, a stale one, or the run or step has ended)."""
     fenced = session.execute(
-        update(Step)
-        .where(
-            Step.run_id == run_id,
-            Step.index == index,
-            Step.polls == tick,
-            Step.status.in_(_LIVE_STEPS),
-        )
-        .values(polls=tick + 1, worker=worker, worker_pid=pid, updated_at=now)
-        .returning(
-            Step.pk,
-            Step.step_id,
-            Step.provider,
-            Step.status,
-            Step.provider_run_id,
-            Step.idempotency_key,
-            Step.attempt,
-            Step.started_at,
-            Step.last_provider_status,
-            Step.start_claimed_at,
-        )
-        .execution_options(synchronize_session=False)
+        _FENCE,
+        {
+            "b_run": run_id,
+            "b_index": index,
+            "b_tick": tick,
+            "b_worker": worker,
+            "b_pid": pid,
+            "b_now": now,
+        },
     ).first()
     if fenced is None:
         return _why_not(session, run_id, index)
@@ -119,20 +154,13 @@ def enter(
     )
     spec = specs.of_run(session, run_id)[index]
     stamped = session.execute(
-        update(Run)
-        .where(
-            Run.id == run_id,
-            Run.status == RunStatus.RUNNING.value,
-            Run.cancel_requested_at.is_(None),
-        )
-        .values(
-            heartbeat_at=now,
-            current_step=index,
-            updated_at=now,
-            deadline_at=deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now),
-        )
-        .returning(Run.park_reason)
-        .execution_options(synchronize_session=False)
+        _STAMP_RUNNING,
+        {
+            "run": run_id,
+            "index": index,
+            "now": now,
+            "deadline": deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now),
+        },
     ).first()
     if stamped is not None:
         return Entry(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session, defer
 
 from orchestration import bounds, closing
@@ -16,6 +16,26 @@ from orchestration.states import STEP_TERMINAL, RunStatus, StopReason
 
 STARTABLE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PARKED)
 MOVABLE = (*STARTABLE, RunStatus.WAITING)
+
+#: Lock and read the run in one statement (the workflow column stays behind: specs are
+#: cached by run), built once.
+_LOCK = (
+    update(Run)
+    .where(
+        Run.id == bindparam("run"),
+        Run.status.in_(bindparam("statuses", expanding=True)),
+        Run.cancel_requested_at.is_(None),
+    )
+    .values(heartbeat_at=bindparam("now"))
+    .returning(Run)
+    .options(defer(Run.workflow))
+    .execution_options(populate_existing=True, synchronize_session=False)
+)
+_STEP = (
+    select(Step)
+    .where(Step.run_id == bindparam("run"), Step.index == bindparam("index"))
+    .execution_options(populate_existing=True)
+)
 
 
 class Moved(Exception):
@@ -35,21 +55,13 @@ def lock(
     with no cancel requested, the step is live, and no newer execution has fenced the step
     since (a worker woken from SIGSTOP must not write over its successor); raise
     :class:`Moved` otherwise."""
-    locked = session.execute(
-        update(Run)
-        .where(
-            Run.id == run_id,
-            Run.status.in_([status.value for status in statuses]),
-            Run.cancel_requested_at.is_(None),
-        )
-        .values(heartbeat_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    if locked.rowcount != 1:  # type: ignore[attr-defined]
+    run = session.scalars(
+        _LOCK, {"run": run_id, "statuses": [status.value for status in statuses], "now": now}
+    ).first()
+    if run is None:
         raise Moved
-    run = session.get(Run, run_id, populate_existing=True, options=[defer(Run.workflow)])
     step = step_of(session, run_id, index)
-    assert run is not None and step is not None
+    assert step is not None
     if step.status in STEP_TERMINAL or step.polls != tick:
         raise Moved
     return run, step
@@ -57,11 +69,7 @@ def lock(
 
 def step_of(session: Session, run_id: str, index: int) -> Step | None:
     """The step row as it is now (transitions write SQL directly)."""
-    return session.scalars(
-        select(Step)
-        .where(Step.run_id == run_id, Step.index == index)
-        .execution_options(populate_existing=True)
-    ).first()
+    return session.scalars(_STEP, {"run": run_id, "index": index}).first()
 
 
 def fail(

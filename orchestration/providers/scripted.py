@@ -41,16 +41,19 @@ from sqlalchemy import (
     JSON,
     Boolean,
     Column,
+    Engine,
     Index,
     Integer,
     MetaData,
     String,
     Table,
+    bindparam,
     select,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError
 
 from orchestration.db import get_engine, normalize_url, session_scope, utcnow
 from orchestration.errors import RetryableProviderError, ValidationError
@@ -92,6 +95,8 @@ START_CALLS = Table(
     Column("outcome", String(16), nullable=False),
     Index("ix_scripted_start_calls_key", "key"),
 )
+
+_TURN = select(TURNS).where(TURNS.c.key == bindparam("key"))
 
 _DEFAULT_STATES: list[list[Any]] = [["running", 1], ["completed"]]
 _DEFAULT_RESUME_STATES: list[list[Any]] = [["completed"]]
@@ -202,42 +207,48 @@ class ScriptedProvider:
     def start(self, request: TurnRequest) -> str:
         run_id = "scripted-" + hashlib.sha256(request.key.encode()).hexdigest()[:20]
         called_at = utcnow()
-        with session_scope(self._url) as session:
-            try:
-                with session.begin_nested():
-                    session.execute(
-                        TURNS.insert().values(
-                            key=request.key,
-                            provider_run_id=run_id,
-                            options=dict(request.options),
-                            input=request.input,
-                            resume=request.resume,
-                            resuming=request.resuming,
-                            started_at=called_at,
-                            start_calls=1,
-                        )
-                    )
+        engine = get_engine(self._url)
+        with engine.begin() as connection:
+            began = connection.execute(
+                _insert(engine, TURNS)
+                .values(
+                    key=request.key,
+                    provider_run_id=run_id,
+                    options=dict(request.options),
+                    input=request.input,
+                    resume=request.resume,
+                    resuming=request.resuming,
+                    started_at=called_at,
+                    start_calls=1,
+                )
+                .on_conflict_do_nothing(index_elements=[TURNS.c.key])
+                .returning(TURNS.c.key)
+            ).first()
+            if began is not None:
                 outcome = STARTED
-            except IntegrityError:
+            else:
                 # Same key: the turn exists (or was tombstoned by a cancel); never a second one.
-                session.execute(
+                started_at = connection.execute(
                     update(TURNS)
                     .where(TURNS.c.key == request.key)
                     .values(start_calls=TURNS.c.start_calls + 1)
-                )
-                started_at = session.execute(
-                    select(TURNS.c.started_at).where(TURNS.c.key == request.key)
+                    .returning(TURNS.c.started_at)
                 ).scalar_one()
                 outcome = TOMBSTONE if started_at is None else EXISTING
             # In the turn's own transaction: a call whose turn never committed did nothing.
-            session.execute(
+            connection.execute(
                 START_CALLS.insert().values(key=request.key, called_at=called_at, outcome=outcome)
             )
         return run_id
 
     def _row(self, key: str) -> Any:
-        with session_scope(self._url) as session:
-            return session.execute(select(TURNS).where(TURNS.c.key == key)).one_or_none()
+        # One statement, no transaction around it: a status read is what a runtime's GET is.
+        with get_engine(self._url).connect() as connection:
+            return (
+                connection.execution_options(isolation_level="AUTOCOMMIT")
+                .execute(_TURN, {"key": key})
+                .one_or_none()
+            )
 
     def status(self, ref: TurnRef) -> TurnStatus:
         delay = float(ref.options.get("poll_delay", 0) or 0)
@@ -333,6 +344,14 @@ class ScriptedProvider:
                 .order_by(START_CALLS.c.id)
             ).all()
         return [dict(row._mapping) for row in rows]
+
+
+def _insert(engine: Engine, table: Table) -> Any:
+    """An ``INSERT`` that can skip an existing key (``ON CONFLICT DO NOTHING``): the two
+    databases this project runs on spell it each in their own dialect."""
+    if engine.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
 
 
 def _reset_at(

@@ -618,12 +618,20 @@ def test_cancel_returns_within_its_stated_bound_while_the_provider_hangs(
         interval=0.1,
         what="the stop_turn task settles the turn's stop",
     )
+    # ``revoke(terminate=True)`` kills only a task its worker has already accepted; a step
+    # task it misses honours the cancel at its next execution and makes its own inline
+    # attempt, racing this one (whichever closes the run first records its stop). So the
+    # endpoint may see one cancel more than the stop's attempts, and a stop that the step's
+    # attempt settled has fewer attempts; never more than ``ORCH_STOP_ATTEMPTS``.
+    attempts = stack.settings.stop_attempts
     assert settled["status"] == final, settled
-    assert settled["attempts"] == stack.settings.stop_attempts, settled
     if final == "failed":
-        assert f"gave up after {stack.settings.stop_attempts} attempts" in settled["error"]
+        assert settled["attempts"] == attempts, settled
+        assert f"gave up after {attempts} attempts" in settled["error"]
+    else:
+        assert 1 <= settled["attempts"] <= attempts, settled
     cancels = [r for r in server.requests if r.target.endswith("/cancel")]
-    assert len(cancels) == stack.settings.stop_attempts, [r.target for r in server.requests]
+    assert settled["attempts"] <= len(cancels) <= attempts + 1, [r.target for r in server.requests]
     assert orch.get(run.id, owner=owner).status == "cancelled"
 
 
