@@ -13,7 +13,15 @@ from orchestration import sweep_rules
 from orchestration.deadlines import heartbeat_expiry, park_expiry
 from orchestration.records import RunRecord, StepRecord
 from orchestration.settings import MARGIN_SECONDS, Settings
-from orchestration.states import ClaimState, Health, ParkReason, RunStatus
+from orchestration.states import (
+    ClaimState,
+    Health,
+    ParkReason,
+    RunStatus,
+    StepStatus,
+    TurnStopStatus,
+)
+from orchestration.workflows import StepSpec
 
 
 def _ago(now: datetime, then: datetime | None) -> str:
@@ -68,6 +76,35 @@ def _stalled(
     return why, move
 
 
+def _retrying(
+    settings: Settings, record: RunRecord, step: StepRecord, now: datetime
+) -> tuple[str, str]:
+    """A step between two attempts: what ended the last one, when the next starts, and the
+    latest the step can end with every attempt left (parks aside: each has its budget)."""
+    spec = StepSpec.model_validate(record.workflow["steps"][step.index])
+    assert spec.retry is not None
+    ended = step.past_attempts[-1] if step.past_attempts else {}
+    why = (
+        f"step {step.step_id!r} ended attempt {step.attempt - 1} of {spec.retry.attempts} "
+        f"({ended.get('reason')}: {ended.get('error')})"
+    )
+    stop = step.turn_stop or {}
+    waits = (
+        f" once attempt {step.attempt - 1}'s turn is stopped (its stop is pending)"
+        if stop.get("status") == TurnStopStatus.PENDING and stop.get("key") != step.idempotency_key
+        else ""
+    )
+    start = max(step.retry_at or now, now)
+    latest = start + timedelta(
+        seconds=spec.timeout
+        + spec.retry.rest(step.attempt, spec.timeout, settings.max_retry_backoff)
+    )
+    return why, (
+        f"attempt {step.attempt} starts at {_at(step.retry_at)}{waits}; with every attempt "
+        f"left the step ends by {_at(latest)}"
+    )
+
+
 def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, Any]:
     """A structured explanation; ``text`` joins it into sentences."""
     status = RunStatus(record.status)
@@ -114,6 +151,8 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
     elif status is RunStatus.QUEUED:
         why = "its first step has not started yet (waiting for a worker)"
         next_move = "a worker picks up the step task"
+    elif step is not None and step.status == StepStatus.RETRYING:
+        why, next_move = _retrying(settings, record, step, now)
     else:
         last = step.last_provider_status if step else None
         why = f"{where} is polling its provider turn (last status {last!r})"

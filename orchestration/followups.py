@@ -63,10 +63,11 @@ NOTHING = Followups()
 
 
 @dataclass(frozen=True)
-class Done(Generic[T]):
-    """A domain operation's value and what it asks for after commit."""
+class Done(Generic[T_co]):
+    """A domain operation's value and what it asks for after commit (covariant: a
+    ``Done[Poll]`` is a ``Done[Outcome]``)."""
 
-    value: T
+    value: T_co
     then: Followups = field(default=NOTHING)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from orchestration.health import derive
 from orchestration.models import Run, Step
@@ -37,8 +37,19 @@ class StepRecord(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     next_poll_at: datetime | None
-    #: The provider cancel of the turn once the run ended it: ``{status, attempts, error, at}``.
+    #: The provider cancel of the turn once the run ended it, or of the previous attempt's
+    #: turn that a retry ended: ``{status, attempts, error, at, key, provider_run_id}``.
     turn_stop: Any = None
+    #: A ``retrying`` step's next attempt starts no earlier than this.
+    retry_at: datetime | None = None
+    #: The attempts this step ended and retried, oldest first: ``{attempt, reason, error,
+    #: provider_run_id, started_at, ended_at}``.
+    past_attempts: list[dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("past_attempts", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return [] if value is None else value
 
 
 class RunRecord(BaseModel):

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     max_poll_interval_limit: float = Field(30.0, gt=0)
     #: Largest step ``timeout`` a workflow may ask for (seconds).
     max_step_timeout: float = Field(86400.0, gt=0)
+    #: Most attempts a step's ``retry`` may ask for, and the longest wait between two.
+    max_step_attempts: int = Field(10, ge=1)
+    max_retry_backoff: float = Field(3600.0, gt=0)
 
     #: Limits on what callers may launch.
     max_active_runs: int = Field(10000, ge=1)

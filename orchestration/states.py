@@ -45,6 +45,8 @@ class StepStatus(StrEnum):
     RUNNING = "running"
     #: Its turn waits for a human answer, an engine limit reset or a platform to come back.
     PARKED = "parked"
+    #: An attempt ended in a way its ``retry`` lists; the next attempt starts at ``retry_at``.
+    RETRYING = "retrying"
     #: Its turn finished and its effects ran (or failed under the ``continue`` policy).
     COMPLETED = "completed"
     #: Its turn or a required effect failed.
@@ -96,6 +98,17 @@ class ParkReason(StrEnum):
     #: The provider is rate limited until ``waiting_until``.
     ENGINE_LIMIT = "engine_limit"
     #: The provider or the worker is unreachable; polling resumes when it is back.
+    PLATFORM_INTERRUPT = "platform_interrupt"
+
+
+class RetryOn(StrEnum):
+    """What ends an attempt that a step's ``retry`` may start again (its ``on`` list)."""
+
+    #: The provider ended the turn ``failed``.
+    FAILED = "failed"
+    #: The provider said the turn is rate limited (instead of parking for the reset).
+    RATE_LIMITED = "rate_limited"
+    #: The provider could not be reached (instead of parking until it is back).
     PLATFORM_INTERRUPT = "platform_interrupt"
 
 
@@ -206,8 +219,11 @@ _S = StepStatus
 #: For each step status, the statuses it may move to. Terminal statuses have none.
 STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
     _S.PENDING: frozenset({_S.RUNNING, _S.FAILED, _S.CANCELLED, _S.TIMED_OUT, _S.SKIPPED}),
-    _S.RUNNING: frozenset({_S.PARKED, _S.COMPLETED, _S.FAILED, _S.CANCELLED, _S.TIMED_OUT}),
-    _S.PARKED: frozenset({_S.RUNNING, _S.FAILED, _S.CANCELLED, _S.TIMED_OUT}),
+    _S.RUNNING: frozenset(
+        {_S.PARKED, _S.RETRYING, _S.COMPLETED, _S.FAILED, _S.CANCELLED, _S.TIMED_OUT}
+    ),
+    _S.PARKED: frozenset({_S.RUNNING, _S.RETRYING, _S.FAILED, _S.CANCELLED, _S.TIMED_OUT}),
+    _S.RETRYING: frozenset({_S.RUNNING, _S.FAILED, _S.CANCELLED, _S.TIMED_OUT}),
     **{status: frozenset() for status in STEP_TERMINAL},
 }
 

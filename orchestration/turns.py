@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from orchestration import bounds, providers
@@ -126,12 +126,20 @@ def record(session: Session, result: Stopped, now: datetime, *, attempts: int) -
         "attempts": attempts,
         "error": result.error,
         "at": now.isoformat(),
+        # Which turn: a retry's stop names the attempt before the step's current one.
+        "key": result.turn.ref.key,
+        "provider_run_id": result.turn.ref.provider_run_id,
     }
     values: dict[str, Any] = {"turn_stop": value}
     if result.turn.ref.provider_run_id is not None:
-        # A turn whose start outlived its run: its id is known only to the stopper.
-        values["provider_run_id"] = func.coalesce(
-            Step.provider_run_id, result.turn.ref.provider_run_id
+        # A turn whose start outlived its run: its id is known only to the stopper. Only for
+        # the step's current attempt: a retried attempt's id must not become the new one's.
+        values["provider_run_id"] = case(
+            (
+                Step.idempotency_key == result.turn.ref.key,
+                func.coalesce(Step.provider_run_id, result.turn.ref.provider_run_id),
+            ),
+            else_=Step.provider_run_id,
         )
     session.execute(
         update(Step)
@@ -169,7 +177,10 @@ def turn_of(session: Session, run_id: str, index: int) -> tuple[LiveTurn, int] |
     stop = step.turn_stop or {}
     if stop.get("status") != TurnStopStatus.PENDING.value:
         return None
-    turn = LiveTurn(run.id, step.index, step.pk, step.provider, ref_for(run, step))
+    ref = ref_for(run, step)
+    if stop.get("key") not in (None, ref.key):  # a retried attempt's turn, not the current one
+        ref = TurnRef(stop["key"], stop.get("provider_run_id"), ref.options)
+    turn = LiveTurn(run.id, step.index, step.pk, step.provider, ref)
     return turn, int(stop.get("attempts", 0))
 
 

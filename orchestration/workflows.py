@@ -21,12 +21,60 @@ from pydantic import ValidationError as PydanticValidationError
 from orchestration import providers, templating
 from orchestration.errors import LimitExceeded, ValidationError
 from orchestration.settings import Settings
+from orchestration.states import RetryOn
 
 STEP_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"
 #: Poll intervals of a step that sets none, lowered to ``ORCH_MAX_POLL_INTERVAL_LIMIT`` when
 #: that is lower (see :func:`_default_intervals`).
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_MAX_POLL_INTERVAL = 10.0
+
+
+def _at_least(value: float, info: ValidationInfo, other: str) -> float:
+    """A ceiling field may not be below the field it bounds (validated before it)."""
+    if value < info.data.get(other, 0):
+        raise ValueError(f"must be at least {other}")
+    return value
+
+
+class RetrySpec(BaseModel):
+    """``retry:``: how many attempts a step gets, the wait before each new one, and what
+    ends an attempt that may be retried. A cancel, a step timeout, a refused start and an
+    over-limit value are never retried."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Attempts in all, the first included.
+    attempts: int = Field(ge=1)
+    #: Seconds before the second attempt; doubled for each later one.
+    backoff: float = Field(1.0, ge=0)
+    #: The longest wait between two attempts.
+    max_backoff: float = Field(60.0, ge=0)
+    on: tuple[RetryOn, ...] = Field((RetryOn.FAILED,), min_length=1)
+
+    @field_validator("max_backoff")
+    @classmethod
+    def _ceiling(cls, value: float, info: ValidationInfo) -> float:
+        return _at_least(value, info, "backoff")
+
+    def delay(self, ended: int) -> float:
+        """Seconds between the end of attempt ``ended`` and the start of the next one."""
+        return float(min(self.max_backoff, self.backoff * 2 ** min(ended - 1, 30)))
+
+    def retries(self, ended: int, reason: RetryOn) -> bool:
+        """Whether attempt ``ended``, ended for ``reason``, is followed by another."""
+        return reason in self.on and ended < self.attempts
+
+    def rest(self, attempt: int, timeout: float, longest_reset: float) -> float:
+        """The most seconds the attempts after ``attempt`` can add: each one's wait (a rate
+        limit's reset is waited for up to ``longest_reset``) and its timeout."""
+        total = 0.0
+        for ended in range(attempt, self.attempts):
+            wait = self.delay(ended)
+            if RetryOn.RATE_LIMITED in self.on:
+                wait = max(wait, longest_reset)
+            total += wait + timeout
+        return total
 
 
 class StepSpec(BaseModel):
@@ -42,13 +90,12 @@ class StepSpec(BaseModel):
     timeout: float = Field(1800.0, gt=0)
     poll_interval: float = Field(DEFAULT_POLL_INTERVAL, gt=0)
     max_poll_interval: float = Field(DEFAULT_MAX_POLL_INTERVAL, gt=0)
+    retry: RetrySpec | None = None
 
     @field_validator("max_poll_interval")
     @classmethod
     def _intervals(cls, value: float, info: ValidationInfo) -> float:
-        if value < info.data.get("poll_interval", 0):
-            raise ValueError("must be at least poll_interval")
-        return value
+        return _at_least(value, info, "poll_interval")
 
 
 class WorkflowSpec(BaseModel):
@@ -70,8 +117,13 @@ class WorkflowSpec(BaseModel):
         return steps
 
     def as_dict(self) -> dict[str, Any]:
-        """The canonical dict (what is stored on the run and fingerprinted)."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The canonical dict (what is stored on the run and fingerprinted); a step without
+        ``retry`` has no such key, so its fingerprint is what it was before retries existed."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for step in data["steps"]:
+            if step.get("retry") is None:
+                step.pop("retry", None)
+        return data
 
 
 def _field_of(loc: tuple[int | str, ...]) -> str:
@@ -174,6 +226,18 @@ def _check_bounds(step: StepSpec, where: str, settings: Settings) -> None:
             f"{where}.timeout",
             f"{step.timeout}s is over the limit of {settings.max_step_timeout}s "
             "(ORCH_MAX_STEP_TIMEOUT)",
+        )
+    if step.retry is not None and step.retry.attempts > settings.max_step_attempts:
+        raise LimitExceeded(
+            f"{where}.retry.attempts",
+            f"{step.retry.attempts} attempts is over the limit of {settings.max_step_attempts} "
+            "(ORCH_MAX_STEP_ATTEMPTS)",
+        )
+    if step.retry is not None and step.retry.max_backoff > settings.max_retry_backoff:
+        raise LimitExceeded(
+            f"{where}.retry.max_backoff",
+            f"{step.retry.max_backoff}s is over the limit of {settings.max_retry_backoff}s "
+            "(ORCH_MAX_RETRY_BACKOFF)",
         )
 
 

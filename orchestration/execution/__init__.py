@@ -5,6 +5,7 @@
 * :mod:`.observing`: what an observation of the turn means (finish, fail, park, poll again);
 * :mod:`.finishing`: completing a step and moving the run, in one transaction;
 * :mod:`.calls`: the provider calls, their answers made fit to store;
+* :mod:`.retrying`: ending an attempt its ``retry`` lists, and holding the next one back;
 * :mod:`.parking`, :mod:`.rows`: parks, row locks, and ending a run from its own step;
 * :mod:`.stepper`: the sequence of transactions and provider calls of one execution.
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import Integer, bindparam, select, update
 from sqlalchemy.orm import Session
@@ -53,6 +54,8 @@ _FENCE = (
         Step.started_at,
         Step.last_provider_status,
         Step.start_claimed_at,
+        Step.retry_at,
+        Step.turn_stop,
     )
     .execution_options(synchronize_session=False)
 )
@@ -99,6 +102,9 @@ class StepRow:
     started_at: datetime | None
     last_provider_status: str | None
     start_claimed_at: datetime | None
+    #: A ``retrying`` step's next attempt starts no earlier than this.
+    retry_at: datetime | None = None
+    turn_stop: Any = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,7 @@ def enter(
     ).first()
     if fenced is None:
         return _why_not(session, run_id, index)
-    pk, step_id, provider, status, run_turn, key, attempt, started_at, last, claimed = fenced
+    pk, step_id, provider, status, run_turn, key, attempt, started_at, last, claimed, *more = fenced
     step = StepRow(
         pk,
         run_id,
@@ -151,6 +157,7 @@ def enter(
         started_at,
         last,
         claimed,
+        *more,
     )
     spec = specs.of_run(session, run_id)[index]
     stamped = session.execute(

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from orchestration import bounds, deadlines
-from orchestration.execution import finishing, parking
+from orchestration.execution import finishing, parking, retrying
 from orchestration.execution.entry import Entry
 from orchestration.execution.finishing import EffectsDue
 from orchestration.execution.outcomes import Halt, Outcome, Poll
@@ -17,7 +17,7 @@ from orchestration.followups import Done
 from orchestration.models import Run, Step
 from orchestration.providers.base import FINISHED, ProviderStatus, TurnStatus
 from orchestration.settings import Settings
-from orchestration.states import ParkReason, RunStatus, StepStatus
+from orchestration.states import ParkReason, RetryOn, RunStatus, StepStatus
 from orchestration.transitions import touch_step, transition_run, transition_step
 from orchestration.workflows import StepSpec
 
@@ -69,8 +69,13 @@ def observe(
     touch_step(session, step, now, **said)
     if status in (ProviderStatus.FAILED, ProviderStatus.CANCELLED):
         why = observed.error or f"the provider ended the turn as {observed.raw!r}"
+        if status is ProviderStatus.FAILED and retrying.allowed(spec, step, RetryOn.FAILED):
+            return retrying.next_attempt(
+                session, settings, run, step, spec, RetryOn.FAILED, why, now
+            )
         return Done(
-            Halt("turn failed"), fail(session, settings, run.id, f"step {step.step_id}: {why}", now)
+            Halt("turn failed"),
+            fail(session, settings, run.id, f"step {step.step_id}: {why}{_of(spec, step)}", now),
         )
     if status is ProviderStatus.INPUT_REQUIRED:
         too_big = bounds.over(
@@ -88,6 +93,18 @@ def observe(
         return Done(Halt("step timed out"), parking.time_out(session, settings, run, step, now))
     if status is ProviderStatus.RATE_LIMITED:
         until = observed.reset_at or now + timedelta(seconds=spec.max_poll_interval)
+        if retrying.allowed(spec, step, RetryOn.RATE_LIMITED):
+            return retrying.next_attempt(
+                session,
+                settings,
+                run,
+                step,
+                spec,
+                RetryOn.RATE_LIMITED,
+                f"rate limited until {until.isoformat()}",
+                now,
+                not_before=until,
+            )
         parking.park(
             session, settings, run, step, ParkReason.ENGINE_LIMIT, now, waiting_until=until
         )
@@ -99,6 +116,13 @@ def observe(
         return Done(Poll(countdown, step.polls))
     parking.unpark(session, run, step, now)
     return Done(Poll(parking.next_poll(spec, step.started_at, step.polls, now), step.polls))
+
+
+def _of(spec: StepSpec, step: Step) -> str:
+    """Which attempt failed, when the step had more than one."""
+    if spec.retry is None or spec.retry.attempts == 1:
+        return ""
+    return f" (attempt {step.attempt} of {spec.retry.attempts})"
 
 
 def outage(
@@ -116,6 +140,12 @@ def outage(
         transition_step(session, step, StepStatus.RUNNING, cause="turn starting", now=now)
     if run.status == RunStatus.QUEUED:
         transition_run(session, run.id, RunStatus.RUNNING, cause="first step starting", now=now)
+    if retrying.allowed(spec, step, RetryOn.PLATFORM_INTERRUPT):
+        session.refresh(step)
+        session.refresh(run)
+        return retrying.next_attempt(
+            session, settings, run, step, spec, RetryOn.PLATFORM_INTERRUPT, error, now
+        )
     touch_step(session, step, now, error=bounds.error_text(error, settings))
     parking.park(session, settings, run, step, ParkReason.PLATFORM_INTERRUPT, now)
     expired = parking.expire(session, settings, run, now)

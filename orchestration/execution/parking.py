@@ -71,19 +71,24 @@ def unpark(session: Session, run: Run, step: Step, now: datetime) -> None:
         transition_step(session, step, StepStatus.RUNNING, cause="resumed", now=now)
         changed = True
     if run.status == RunStatus.PARKED:
-        transition_run(
-            session,
-            run.id,
-            RunStatus.RUNNING,
-            cause=f"resumed from {run.park_reason} park",
-            now=now,
-            values={"park_reason": None, "parked_since": None, "waiting_until": None},
-        )
+        leave_park(session, run.id, now, cause=f"resumed from {run.park_reason} park")
         changed = True
     if changed:
         # Transitions write SQL directly: bring the objects up to date for the caller.
         session.refresh(run)
         session.refresh(step)
+
+
+def leave_park(session: Session, run_id: str, now: datetime, *, cause: str) -> None:
+    """Move a parked run back to running, its park cleared."""
+    transition_run(
+        session,
+        run_id,
+        RunStatus.RUNNING,
+        cause=cause,
+        now=now,
+        values={"park_reason": None, "parked_since": None, "waiting_until": None},
+    )
 
 
 def expire(session: Session, settings: Settings, run: Run, now: datetime) -> Followups | None:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from orchestration import templating, turns
 from orchestration.errors import LimitExceeded, ValidationError
+from orchestration.execution import retrying
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.rows import fail
@@ -49,6 +50,10 @@ def claim(
     step = entry.step
     if step.provider_run_id is not None:
         return Done(Poll(entry.spec.poll_interval, entry.tick))
+    if step.status is StepStatus.RETRYING:
+        waiting = retrying.held(session, settings, run_id, entry, now)
+        if waiting is not None:
+            return waiting
     if step.start_claimed_at is not None and now - step.start_claimed_at < turns.claim_window(
         settings
     ):
@@ -73,15 +78,15 @@ def claim(
             Halt("task could not be rendered"),
             fail(session, settings, run_id, f"step {step.step_id}: {exc}", now),
         )
-    if step.status is StepStatus.PENDING:
+    if step.status in (StepStatus.PENDING, StepStatus.RETRYING):
         transition_step(
             session,
             step,
             StepStatus.RUNNING,
-            cause="turn starting",
+            cause="turn starting" if step.attempt == 1 else f"attempt {step.attempt} starting",
             now=now,
-            values={"input": rendered, "start_claimed_at": now},
-            seen=StepStatus.PENDING,
+            values={"input": rendered, "start_claimed_at": now, "retry_at": None},
+            seen=step.status,
         )
     else:
         touch_step(session, step, now, start_claimed_at=now)
@@ -94,9 +99,12 @@ def claim(
             now=now,
             seen=RunStatus.QUEUED,
         )
-    answer = None
-    if step.attempt > 1:  # a turn that resumes a human park carries the answer
-        answer = session.scalar(select(Step.answer).where(Step.pk == step.pk))
+    answer, resuming = None, False
+    if step.attempt > 1:  # a turn that resumes a human park carries the answer; a retry not
+        answer, cleared = session.execute(
+            select(Step.answer, Step.answer.is_(None)).where(Step.pk == step.pk)
+        ).one()
+        resuming = not cleared
     request = TurnRequest(
         key=step.idempotency_key,
         run_id=run_id,
@@ -105,7 +113,7 @@ def claim(
         input=rendered,
         options=entry.spec.options,
         resume=answer,
-        resuming=step.attempt > 1,
+        resuming=resuming,
     )
     return Done(StartCall(request, step.provider))
 

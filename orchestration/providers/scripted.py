@@ -27,6 +27,8 @@ Options (``with:``):
   than ``ORCH_PROVIDER_TIMEOUT`` is reported as an outage after the timeout)
 * ``checkpoint_fails``: ``true`` makes the checkpoint capture fail, to rehearse effects that
   exhaust their attempts
+* ``attempt_states``: a script per attempt of the step, e.g. ``[[["failed"]], [["failed"]]]``
+  makes the first two attempts fail; later attempts play ``states`` (to rehearse ``retry``)
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ _KNOWN_OPTIONS = {
     "resume_output",
     "poll_delay",
     "checkpoint_fails",
+    "attempt_states",
 }
 
 
@@ -203,10 +206,19 @@ class ScriptedProvider:
             raise ValidationError("error", "must be a string")
         if "checkpoint_fails" in options and not isinstance(options["checkpoint_fails"], bool):
             raise ValidationError("checkpoint_fails", "must be true or false")
+        scripts = options.get("attempt_states", [])
+        if not isinstance(scripts, list):
+            raise ValidationError("attempt_states", "must be a list of scripts, one per attempt")
+        for number, script in enumerate(scripts):
+            _check_states(script, f"attempt_states[{number}]")
 
     def start(self, request: TurnRequest) -> str:
         run_id = "scripted-" + hashlib.sha256(request.key.encode()).hexdigest()[:20]
         called_at = utcnow()
+        options = dict(request.options)
+        scripts = options.get("attempt_states", [])
+        if request.attempt <= len(scripts):  # this attempt plays its own script
+            options["states"] = scripts[request.attempt - 1]
         engine = get_engine(self._url)
         with engine.begin() as connection:
             began = connection.execute(
@@ -214,7 +226,7 @@ class ScriptedProvider:
                 .values(
                     key=request.key,
                     provider_run_id=run_id,
-                    options=dict(request.options),
+                    options=options,
                     input=request.input,
                     resume=request.resume,
                     resuming=request.resuming,

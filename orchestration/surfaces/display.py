@@ -18,6 +18,7 @@ _STATUS_STYLE = {
     "running": "cyan",
     "waiting": "cyan",
     "parked": "blue",
+    "retrying": "yellow",
     "cancelling": "yellow",
     "queued": "white",
 }
@@ -54,3 +55,15 @@ def show(console: Console, record: RunRecord) -> None:
             json.dumps(step.output, ensure_ascii=False)[:60] if step.output is not None else "-",
         )
     console.print(table)
+    for step in record.steps:
+        for ended in step.past_attempts:
+            console.print(
+                f"  {step.step_id} attempt {ended.get('attempt')} ended "
+                f"({ended.get('reason')}): {str(ended.get('error'))[:200]}",
+                markup=False,
+            )
+        if step.status == "retrying" and step.retry_at is not None:
+            console.print(
+                f"  {step.step_id} attempt {step.attempt} starts at "
+                f"{step.retry_at.isoformat(timespec='seconds')}"
+            )

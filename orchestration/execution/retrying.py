@@ -1,0 +1,140 @@
+"""Step retries: ending an attempt that its ``retry`` lists, and holding the next one back.
+
+An attempt ends in the transaction that saw why (a ``failed`` turn, a ``rate_limited`` one,
+a provider that could not be reached): the step moves to ``retrying`` with the next attempt
+number, a new idempotency key (at most one turn per attempt) and ``retry_at``; what the attempt
+came to is appended to ``past_attempts``. A turn that may still be live on the provider is
+stopped first: its stop is recorded ``pending`` on the step (naming its key) for the stop
+task, and the next attempt's start waits until that stop is settled. The wait itself is a
+countdown, never a sleep: each execution before ``retry_at`` only stamps the heartbeat.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import null
+from sqlalchemy.orm import Session
+
+from orchestration import bounds, launching
+from orchestration.execution.entry import Entry
+from orchestration.execution.outcomes import Halt, Outcome, Poll
+from orchestration.execution.parking import leave_park
+from orchestration.execution.rows import fail
+from orchestration.followups import Done, Followups
+from orchestration.models import Run, Step
+from orchestration.settings import Settings
+from orchestration.states import RetryOn, RunStatus, StepStatus, TurnStopStatus
+from orchestration.transitions import transition_step
+from orchestration.workflows import StepSpec
+
+
+def allowed(spec: StepSpec, step: Step, reason: RetryOn) -> bool:
+    """Whether the step's current attempt, ending for ``reason``, gets another."""
+    return spec.retry is not None and spec.retry.retries(step.attempt, reason)
+
+
+def next_attempt(
+    session: Session,
+    settings: Settings,
+    run: Run,
+    step: Step,
+    spec: StepSpec,
+    reason: RetryOn,
+    error: str,
+    now: datetime,
+    *,
+    not_before: datetime | None = None,
+) -> Done[Outcome]:
+    """End the step's current attempt for ``reason`` and schedule the next one after the
+    backoff (or at ``not_before``, if later: a rate limit's reset). A turn that may still be
+    running (anything but a ``failed`` one) gets a pending stop."""
+    assert spec.retry is not None
+    text = bounds.error_text(error, settings)
+    retry_at = now + timedelta(seconds=spec.retry.delay(step.attempt))
+    if not_before is not None and not_before > retry_at:
+        retry_at = min(not_before, now + timedelta(seconds=settings.max_retry_backoff))
+    stop_old = reason is not RetryOn.FAILED
+    old_stop: dict[str, Any] | None = None
+    if stop_old:
+        old_stop = {
+            "status": TurnStopStatus.PENDING.value,
+            "attempts": 0,
+            "error": None,
+            "at": now.isoformat(),
+            "key": step.idempotency_key,
+            "provider_run_id": step.provider_run_id,
+        }
+    ended = {
+        "attempt": step.attempt,
+        "reason": reason.value,
+        "error": text,
+        "provider_run_id": step.provider_run_id,
+        "started_at": step.started_at.isoformat() if step.started_at else None,
+        "ended_at": now.isoformat(),
+    }
+    if run.status == RunStatus.PARKED:
+        leave_park(session, run.id, now, cause=f"step {step.step_id} retries")
+    attempt = step.attempt + 1
+    transition_step(
+        session,
+        step,
+        StepStatus.RETRYING,
+        cause=f"attempt {step.attempt} ended ({reason.value}); attempt {attempt} at "
+        f"{retry_at.isoformat()}",
+        now=now,
+        values={
+            "attempt": attempt,
+            "idempotency_key": launching.idempotency_key(run.id, step.step_id, attempt),
+            "provider_run_id": None,
+            "started_at": None,
+            "start_claimed_at": None,
+            "last_provider_status": None,
+            "prompt": None,
+            "answer": null(),
+            "error": text,
+            "retry_at": retry_at,
+            "next_poll_at": retry_at,
+            "past_attempts": [*(step.past_attempts or []), ended],
+            **({"turn_stop": old_stop} if old_stop else {}),
+        },
+        seen=StepStatus(step.status),
+    )
+    then = Followups(stops=((run.id, step.index),)) if stop_old else Followups()
+    return Done(Poll(wait(settings, retry_at, now), step.polls), then)
+
+
+def wait(settings: Settings, retry_at: datetime, now: datetime) -> float:
+    """The countdown towards ``retry_at``, in hops no longer than a poll may be (each
+    execution on the way stamps the heartbeat)."""
+    return max(0.0, min((retry_at - now).total_seconds(), settings.max_poll_interval_limit))
+
+
+def held(
+    session: Session, settings: Settings, run_id: str, entry: Entry, now: datetime
+) -> Done[Outcome] | None:
+    """Why a ``retrying`` step's next attempt may not start yet: its backoff runs, or the
+    previous attempt's turn is still being stopped; ``None`` when it may start. A previous
+    turn the provider refused to stop fails the run: a second turn must not run beside it."""
+    step = entry.step
+    if step.retry_at is not None and now < step.retry_at:
+        return Done(Poll(wait(settings, step.retry_at, now), entry.tick))
+    stop = step.turn_stop or {}
+    if stop.get("key") in (None, step.idempotency_key):
+        return None
+    if stop.get("status") == TurnStopStatus.PENDING.value:
+        return Done(Poll(entry.spec.poll_interval, entry.tick))
+    if stop.get("status") == TurnStopStatus.FAILED.value and stop.get("provider_run_id"):
+        return Done(
+            Halt("the previous attempt's turn could not be stopped"),
+            fail(
+                session,
+                settings,
+                run_id,
+                f"step {step.step_id}: attempt {step.attempt - 1}'s turn could not be stopped "
+                f"before attempt {step.attempt}: {stop.get('error')}",
+                now,
+            ),
+        )
+    return None
