@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from orchestration.models import Run
 from orchestration.settings import MARGIN_SECONDS, Settings, lock_release_seconds
-from orchestration.states import ParkReason, RunStatus
+from orchestration.states import UNATTENDED_PARKS, ParkReason, RunStatus
 
 
 def _s(seconds: float) -> timedelta:
@@ -24,7 +24,10 @@ def park_expiry(
     parked_since: datetime,
     waiting_until: datetime | None,
 ) -> datetime:
-    """When a park runs out: its budget, unless a later ``waiting_until`` overrides it."""
+    """When a park runs out: its budget, unless a later ``waiting_until`` overrides it; an
+    approval's at its ``expires_in`` (``waiting_until``) exactly."""
+    if park_reason == ParkReason.APPROVAL and waiting_until is not None:
+        return waiting_until
     expiry = parked_since + _s(settings.park_budget(park_reason))
     if waiting_until is not None and waiting_until > expiry:
         return waiting_until
@@ -118,7 +121,7 @@ def _condition(
         return max(cancel_requested_at + _s(settings.cancel_grace), alive_until)
     if status is RunStatus.PARKED and parked_since is not None:
         expiry = park_expiry(settings, park_reason, parked_since, waiting_until)
-        if park_reason != ParkReason.HUMAN:
+        if park_reason not in UNATTENDED_PARKS:
             # A polled park (engine limit, platform interrupt) still needs a live heartbeat.
             expiry = min(expiry, alive_until)
         return expiry

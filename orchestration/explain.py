@@ -129,6 +129,14 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
                 f"`orchestration answer {record.id} --step {step.step_id if step else '?'} "
                 f"--value JSON`, or the park expires at {_at(expiry)} and the run times out"
             )
+        elif record.park_reason == ParkReason.APPROVAL and step is not None:
+            spec = StepSpec.model_validate(record.workflow["steps"][step.index])
+            on_expiry = spec.approval.on_expiry.value if spec.approval else "reject"
+            why += f", waiting for a decision on {step.prompt!r}"
+            next_move = (
+                f"`orchestration approve {record.id} --step {step.step_id} [--reject]`, or at "
+                f"{_at(expiry)} the sweeper applies on_expiry ({on_expiry})"
+            )
         elif record.park_reason == ParkReason.ENGINE_LIMIT:
             why += f", rate limited until {_at(record.waiting_until)}"
             next_move = f"the next poll after the limit resets; the park expires at {_at(expiry)}"

@@ -12,7 +12,14 @@ from typing import Protocol
 
 from orchestration.deadlines import heartbeat_expiry, park_expiry
 from orchestration.settings import Settings
-from orchestration.states import RUN_TERMINAL, ClaimState, Health, ParkReason, RunStatus
+from orchestration.states import (
+    RUN_TERMINAL,
+    UNATTENDED_PARKS,
+    ClaimState,
+    Health,
+    ParkReason,
+    RunStatus,
+)
 
 
 class RunView(Protocol):
@@ -46,6 +53,17 @@ def heartbeat_dead(settings: Settings, run: RunView, now: datetime) -> bool:
     return now > heartbeat_expiry(settings, stamp)
 
 
+def approval_expired(run: RunView, now: datetime) -> bool:
+    """True when the run waits on an approval whose ``expires_in`` is up."""
+    return (
+        run.status == RunStatus.PARKED
+        and run.park_reason == ParkReason.APPROVAL
+        and run.cancel_requested_at is None
+        and run.waiting_until is not None
+        and now >= run.waiting_until
+    )
+
+
 def park_expired(settings: Settings, run: RunView, now: datetime) -> bool:
     """True when a parked run is past its budget and any ``waiting_until``."""
     if run.status != RunStatus.PARKED or run.parked_since is None:
@@ -61,7 +79,7 @@ def derive(settings: Settings, run: RunView, now: datetime) -> Health:
     if status is RunStatus.PARKED:
         if park_expired(settings, run, now):
             return Health.STALLED
-        if run.park_reason != ParkReason.HUMAN and heartbeat_dead(settings, run, now):
+        if run.park_reason not in UNATTENDED_PARKS and heartbeat_dead(settings, run, now):
             return Health.STALLED
         return Health.WAITING
     if status is RunStatus.QUEUED and run.claim == ClaimState.QUEUED:

@@ -216,7 +216,7 @@ def _write(
                 run_id=run_id,
                 index=index,
                 step_id=step["id"],
-                provider=step["provider"],
+                provider=step.get("provider", workflows.APPROVAL_PROVIDER),
                 status=StepStatus.PENDING.value,
                 attempt=1,
                 idempotency_key=idempotency_key(run_id, step["id"], 1),

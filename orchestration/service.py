@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from orchestration import cancellation, chains, claims, launching, summaries
 from orchestration.db import check_ready, utcnow
 from orchestration.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
+from orchestration.execution import approving
 from orchestration.followups import Done
 from orchestration.models import Run, RunEvent, Step
 from orchestration.records import RunRecord, to_record
@@ -198,6 +199,33 @@ class Orchestrator:
             )
         now = self.clock()
         self.transact(lambda session: self._resume(session, run_id, step_id, value, owner, now))
+        return self.get(run_id, owner=owner)
+
+    def approve(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        owner: str,
+        approve: bool = True,
+        comment: str | None = None,
+    ) -> RunRecord:
+        """Decide the approval step ``step_id``: approved, the run moves on; rejected, it ends
+        ``failed`` (``approval_rejected``). Raises :class:`ConflictError` when the run is not
+        waiting for that decision (decided already, expired, cancelled, or another step)."""
+        if comment is not None and (not isinstance(comment, str) or len(comment) > 2000):
+            raise ValidationError("comment", "must be text of at most 2000 characters")
+        now = self.clock()
+
+        def decide(session: Session) -> Done[None]:
+            self._owned(session, run_id, owner)
+            then = approving.decide(
+                session, self.settings, run_id, step_id,
+                approve=approve, comment=comment, by=owner, now=now,
+            )  # fmt: skip
+            return Done(None, then)
+
+        self.transact(decide)
         return self.get(run_id, owner=owner)
 
     # -- helpers ---------------------------------------------------------------------------

@@ -105,6 +105,8 @@ class Settings(BaseSettings):
     #: Most attempts a step's ``retry`` may ask for, and the longest wait between two.
     max_step_attempts: int = Field(10, ge=1)
     max_retry_backoff: float = Field(3600.0, gt=0)
+    #: Longest ``expires_in`` an approval step may ask for (seconds).
+    max_approval_expiry: float = Field(604800.0, gt=0)
 
     #: Limits on what callers may launch.
     max_active_runs: int = Field(10000, ge=1)
@@ -303,11 +305,13 @@ class Settings(BaseSettings):
         return self
 
     def park_budget(self, reason: str | None) -> float:
-        """The budget in seconds for a park reason (the fallback for an unknown one)."""
+        """The budget in seconds for a park reason (the fallback for an unknown one); an
+        approval's is its own ``expires_in``, at most ``ORCH_MAX_APPROVAL_EXPIRY``."""
         return {
             "human": self.park_budget_human,
             "engine_limit": self.park_budget_engine_limit,
             "platform_interrupt": self.park_budget_platform_interrupt,
+            "approval": self.max_approval_expiry,
         }.get(reason or "", self.park_budget_default)
 
 

@@ -88,6 +88,10 @@ class StopReason(StrEnum):
     #: A value a tenant controls or a provider returned did not fit its bound (the error
     #: names the ``ORCH_`` setting); the database never sees it.
     OVER_LIMIT = "over_limit"
+    #: A person rejected an approval step (or it expired with ``on_expiry: reject``).
+    APPROVAL_REJECTED = "approval_rejected"
+    #: An approval step expired undecided with ``on_expiry: fail``.
+    APPROVAL_EXPIRED = "approval_expired"
 
 
 class ParkReason(StrEnum):
@@ -99,6 +103,12 @@ class ParkReason(StrEnum):
     ENGINE_LIMIT = "engine_limit"
     #: The provider or the worker is unreachable; polling resumes when it is back.
     PLATFORM_INTERRUPT = "platform_interrupt"
+    #: An approval step waits for a person's decision until its ``expires_in``.
+    APPROVAL = "approval"
+
+
+#: Parks that no worker polls (a person answers them), so their heartbeat is not expected.
+UNATTENDED_PARKS: frozenset[str] = frozenset({ParkReason.HUMAN.value, ParkReason.APPROVAL.value})
 
 
 class RetryOn(StrEnum):
@@ -230,7 +240,15 @@ STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
 #: Which stop reasons may accompany which terminal run status.
 STOP_REASONS: dict[RunStatus, frozenset[StopReason]] = {
     _R.COMPLETED: frozenset({StopReason.COMPLETED}),
-    _R.FAILED: frozenset({StopReason.STEP_FAILED, StopReason.EFFECT_FAILED, StopReason.OVER_LIMIT}),
+    _R.FAILED: frozenset(
+        {
+            StopReason.STEP_FAILED,
+            StopReason.EFFECT_FAILED,
+            StopReason.OVER_LIMIT,
+            StopReason.APPROVAL_REJECTED,
+            StopReason.APPROVAL_EXPIRED,
+        }
+    ),
     _R.CANCELLED: frozenset(
         {StopReason.CANCEL_REQUESTED, StopReason.CANCEL_ENFORCED, StopReason.PREEMPTED}
     ),

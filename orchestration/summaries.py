@@ -26,6 +26,7 @@ from orchestration.settings import Settings
 from orchestration.states import (
     RUN_LIVE,
     RUN_TERMINAL,
+    UNATTENDED_PARKS,
     ClaimState,
     Health,
     ParkReason,
@@ -143,7 +144,7 @@ def health_expression(settings: Settings, now: datetime) -> ColumnElement[str]:
         or_(Run.waiting_until.is_(None), Run.waiting_until < now),
     )
     polled_park_dead = and_(
-        or_(Run.park_reason.is_(None), Run.park_reason != ParkReason.HUMAN.value),
+        or_(Run.park_reason.is_(None), Run.park_reason.not_in(sorted(UNATTENDED_PARKS))),
         heartbeat_dead,
     )
     parked = Run.status == RunStatus.PARKED.value

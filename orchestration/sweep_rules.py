@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from orchestration import health
 from orchestration.health import RunView
 from orchestration.settings import Settings
-from orchestration.states import ClaimState, ParkReason, RunStatus
+from orchestration.states import UNATTENDED_PARKS, ClaimState, RunStatus
 
 Check = Callable[[Settings, RunView, datetime], bool]
 
@@ -52,7 +52,7 @@ def _queued_behind(_: Settings, run: RunView, __: datetime) -> bool:
 
 
 def _polled_and_dead(settings: Settings, run: RunView, now: datetime) -> bool:
-    human = run.status == RunStatus.PARKED and run.park_reason == ParkReason.HUMAN
+    human = run.status == RunStatus.PARKED and run.park_reason in UNATTENDED_PARKS
     return not human and health.heartbeat_dead(settings, run, now)
 
 
@@ -81,6 +81,12 @@ RULES: tuple[Rule, ...] = (
         lambda s, run: (
             "gives it the key once the holder is gone, and refreshes its deadline meanwhile"
         ),
+    ),
+    Rule(
+        "approvals_expired",
+        lambda s, run, now: health.approval_expired(run, now),
+        _always,
+        lambda s, run: "applies the approval step's on_expiry (its expires_in is up)",
     ),
     Rule(
         "parks_expired",

@@ -9,9 +9,10 @@ Rules, per live run, first owner decides (the table is ``sweep_rules.RULES``, wh
 
 1. cancel enforcement: ``cancelling`` past ``ORCH_CANCEL_GRACE`` with a dead heartbeat;
 2. claim promotion: a run queued behind a key whose holder is gone gets the key;
-3. park expiry: parked past its budget (and any ``waiting_until``);
-4. dead heartbeat: re-armed up to ``ORCH_MAX_REARMS`` times, then ``interrupted``;
-5. run deadline: a backstop; past ``deadline_at`` with nothing having ended it, closed
+3. approval expiry: an approval step undecided at its ``expires_in`` gets its ``on_expiry``;
+4. park expiry: parked past its budget (and any ``waiting_until``);
+5. dead heartbeat: re-armed up to ``ORCH_MAX_REARMS`` times, then ``interrupted``;
+6. run deadline: a backstop; past ``deadline_at`` with nothing having ended it, closed
    ``deadline_exceeded``;
 
 then it stamps its own liveness row.
@@ -32,7 +33,8 @@ from sqlalchemy.orm import Session
 from orchestration import cancellation, chains, claims, closing, deadlines, sweep_rules
 from orchestration.db import utcnow
 from orchestration.errors import IllegalTransition
-from orchestration.followups import Done, Transact
+from orchestration.execution import approving
+from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step, SweeperBeat
 from orchestration.settings import Settings
 from orchestration.states import (
@@ -81,6 +83,7 @@ class Sweeper:
             "live": 0,
             "cancels_enforced": 0,
             "promoted": 0,
+            "approvals_expired": 0,
             "parks_expired": 0,
             "rearmed": 0,
             "interrupted": 0,
@@ -129,6 +132,13 @@ class Sweeper:
             lock_timeout=self.lock_timeout,
             inline=False,
         )
+
+    def _approvals_expired(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
+        def settle(session: Session) -> Done[bool]:
+            then = approving.expire(session, self.settings, run.id, now)
+            return Done(then is not None, then or Followups())
+
+        return self.transact(settle, lock_timeout=self.lock_timeout)
 
     def _parks_expired(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         return self._close(

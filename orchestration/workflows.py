@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from orchestration import providers, templating
@@ -52,6 +53,15 @@ class RetrySpec(BaseModel):
     max_backoff: float = Field(60.0, ge=0)
     on: tuple[RetryOn, ...] = Field((RetryOn.FAILED,), min_length=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads a bare ``on:`` key as the boolean true, as GitHub Actions
+        # users know; in a retry block it can only mean ``on``.
+        if isinstance(data, Mapping) and True in data and "on" not in data:
+            return {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
     @field_validator("max_backoff")
     @classmethod
     def _ceiling(cls, value: float, info: ValidationInfo) -> float:
@@ -77,25 +87,65 @@ class RetrySpec(BaseModel):
         return total
 
 
+class OnExpiry(StrEnum):
+    """What an approval that nobody decided in time comes to."""
+
+    #: The run continues, as if approved.
+    APPROVE = "approve"
+    #: The run fails ``approval_rejected``, as if rejected.
+    REJECT = "reject"
+    #: The run fails ``approval_expired``.
+    FAIL = "fail"
+
+
+class ApprovalSpec(BaseModel):
+    """``approval:``: a step that asks a person and parks until a decision or its expiry; no
+    provider, no worker waiting."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: What the person is asked (a string or JSON; templates as in ``task``).
+    prompt: Any = ""
+    #: Seconds the decision may take; at most ``ORCH_MAX_APPROVAL_EXPIRY``.
+    expires_in: float = Field(gt=0)
+    on_expiry: OnExpiry = OnExpiry.REJECT
+
+
+#: The provider column of an approval step (it calls no provider).
+APPROVAL_PROVIDER = "approval"
+
+
 class StepSpec(BaseModel):
-    """One step as the user wrote it."""
+    """One step as the user wrote it: a provider turn, or an ``approval``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     # pydantic matches with Rust's regex, where ``$`` is the end of the text (no newline).
     id: str = Field(pattern=STEP_ID_PATTERN)
-    provider: str = Field(min_length=1, max_length=80)
+    provider: str = Field(APPROVAL_PROVIDER, min_length=1, max_length=80)
     task: Any = ""
     options: dict[str, Any] = Field(default_factory=dict, alias="with")
     timeout: float = Field(1800.0, gt=0)
     poll_interval: float = Field(DEFAULT_POLL_INTERVAL, gt=0)
     max_poll_interval: float = Field(DEFAULT_MAX_POLL_INTERVAL, gt=0)
     retry: RetrySpec | None = None
+    approval: ApprovalSpec | None = None
 
     @field_validator("max_poll_interval")
     @classmethod
     def _intervals(cls, value: float, info: ValidationInfo) -> float:
         return _at_least(value, info, "poll_interval")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StepSpec:
+        given = self.model_fields_set
+        if self.approval is None and "provider" not in given:
+            raise ValueError("a step needs a provider, or an approval")
+        if self.approval is not None and ({"provider", "task", "with", "options"} & given):
+            raise ValueError("an approval step has no provider, task or with")
+        if self.approval is not None and self.retry is not None:
+            raise ValueError("an approval step has no retry")
+        return self
 
 
 class WorkflowSpec(BaseModel):
@@ -121,8 +171,12 @@ class WorkflowSpec(BaseModel):
         ``retry`` has no such key, so its fingerprint is what it was before retries existed."""
         data = self.model_dump(mode="json", by_alias=True)
         for step in data["steps"]:
-            if step.get("retry") is None:
-                step.pop("retry", None)
+            for optional in ("retry", "approval"):
+                if step.get(optional) is None:
+                    step.pop(optional, None)
+            if "approval" in step:  # it calls no provider: it has none of a turn's fields
+                for field in ("provider", "task", "with"):
+                    step.pop(field, None)
         return data
 
 
@@ -164,6 +218,10 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
     earlier: list[str] = []
     for index, step in enumerate(spec.steps):
         where = f"steps[{index}]"
+        if step.approval is not None:
+            _check_approval(step.approval, where, settings, args, earlier)
+            earlier.append(step.id)
+            continue
         if step.provider not in providers.names():
             raise ValidationError(
                 f"{where}.provider",
@@ -206,6 +264,23 @@ def _default_intervals(spec: WorkflowSpec, settings: Settings) -> WorkflowSpec:
         )
         steps.append(step.model_copy(update={"poll_interval": poll, "max_poll_interval": ceiling}))
     return spec.model_copy(update={"steps": steps})
+
+
+def _check_approval(
+    approval: ApprovalSpec,
+    where: str,
+    settings: Settings,
+    args: Mapping[str, Any] | None,
+    earlier: list[str],
+) -> None:
+    plain_json(approval.prompt, f"{where}.approval.prompt")
+    templating.check(approval.prompt, f"{where}.approval.prompt", args=args, earlier_steps=earlier)
+    if approval.expires_in > settings.max_approval_expiry:
+        raise LimitExceeded(
+            f"{where}.approval.expires_in",
+            f"{approval.expires_in}s is over the limit of {settings.max_approval_expiry}s "
+            "(ORCH_MAX_APPROVAL_EXPIRY)",
+        )
 
 
 def _check_bounds(step: StepSpec, where: str, settings: Settings) -> None:

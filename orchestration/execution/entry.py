@@ -22,7 +22,13 @@ from orchestration import deadlines, specs
 from orchestration.execution.outcomes import Halt
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
-from orchestration.states import RUN_TERMINAL, STEP_LIVE, ParkReason, RunStatus, StepStatus
+from orchestration.states import (
+    RUN_TERMINAL,
+    STEP_LIVE,
+    UNATTENDED_PARKS,
+    RunStatus,
+    StepStatus,
+)
 from orchestration.workflows import StepSpec
 
 _LIVE_STEPS = [status.value for status in STEP_LIVE]
@@ -229,7 +235,7 @@ def _phase(
 ) -> Phase:
     if run_status is RunStatus.WAITING and current_step == index:
         return Phase.EFFECTS
-    if step.status is StepStatus.PARKED and park_reason == ParkReason.HUMAN:
+    if step.status is StepStatus.PARKED and park_reason in UNATTENDED_PARKS:
         return Phase.HUMAN
     if step.status is StepStatus.PENDING or step.provider_run_id is None:
         return Phase.START

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from orchestration import templating, turns
 from orchestration.errors import LimitExceeded, ValidationError
-from orchestration.execution import retrying
+from orchestration.execution import approving, retrying
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.rows import fail
@@ -61,12 +61,14 @@ def claim(
         # fence to this one) hands the turn's id to the step. Starting again would call the
         # provider twice for one key; this execution looks again after a poll interval.
         return Done(Poll(entry.spec.poll_interval, entry.tick))
+    approval = entry.spec.approval
+    template, field = (entry.spec.task, "task") if approval is None else (approval.prompt, "prompt")
     context: dict[str, Any] = {"args": {}, "steps": {}}
-    if templating.has_placeholders(entry.spec.task):
+    if templating.has_placeholders(template):
         context = _context(session, run_id)
     try:
         rendered = templating.render(
-            entry.spec.task, context, "task", limit=settings.max_rendered_task_bytes
+            template, context, field, limit=settings.max_rendered_task_bytes
         )
     except LimitExceeded as exc:
         return Done(
@@ -78,6 +80,11 @@ def claim(
             Halt("task could not be rendered"),
             fail(session, settings, run_id, f"step {step.step_id}: {exc}", now),
         )
+    if approval is not None:
+        run = session.get(Run, run_id, populate_existing=True)
+        row = session.get(Step, step.pk, populate_existing=True)
+        assert run is not None and row is not None
+        return approving.ask(session, settings, run, row, entry.spec, rendered, now)
     if step.status in (StepStatus.PENDING, StepStatus.RETRYING):
         transition_step(
             session,

@@ -264,6 +264,30 @@ def answer(
 
 
 @app.command()
+def approve(
+    run_id: str,
+    step: Annotated[str, typer.Option("--step", help="The approval step's id.")],
+    reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
+    comment: Annotated[
+        str | None, typer.Option("--comment", help="Why, recorded with the decision.")
+    ] = None,
+    owner: Owner = None,
+    as_json: AsJson = False,
+) -> None:
+    """Decide a run's approval step: approved, it moves on; rejected, it fails."""
+    try:
+        record = _orchestrator().approve(
+            run_id, step, owner=_owner(owner), approve=not reject, comment=comment
+        )
+    except OrchestrationError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        _dump(_record_json(record))
+    else:
+        _show(record)
+
+
+@app.command()
 def explain(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
     """Say why a run is where it is, what moves it next, and its deadline."""
     try:

@@ -199,3 +199,35 @@ def test_an_interrupted_demo_leaves_no_folder(tmp_path: Path) -> None:
             demo.wait(10)
     assert demo.returncode != 0
     assert not list(tmp_path.glob("orchestration-demo-*"))
+
+
+def test_the_publish_example_retries_its_draft_and_waits_for_approve(
+    stack: Stack, worker: ManagedProcess
+) -> None:
+    launched = as_json(
+        cli(stack, "launch", str(EXAMPLES / "publish.yaml"), "--args", '{"topic": "tides"}',
+            "--json")
+    )  # fmt: skip
+    run_id = launched["id"]
+    wait_for(
+        lambda: as_json(cli(stack, "show", run_id, "--json"))["park_reason"] == "approval",
+        60,
+        interval=0.5,
+        what="the example parked for its approval",
+    )
+    shown = as_json(cli(stack, "show", run_id, "--json"))
+    draft = shown["steps"][0]
+    assert (draft["attempt"], draft["status"]) == (3, "completed")
+    assert [a["error"] for a in draft["past_attempts"]] == ["the model was overloaded"] * 2
+    decided = as_json(cli(stack, "approve", run_id, "--step", "review", "--comment", "ok",
+                          "--json"))  # fmt: skip
+    assert decided["steps"][1]["output"]["decision"] == "approved"
+    done = wait_for(
+        lambda: (r := as_json(cli(stack, "show", run_id, "--json")))["status"] == "completed" and r,
+        30,
+        interval=0.5,
+        what="the example completed",
+    )
+    assert done["result"] == {"post": "A post about tides.", "decision": "approved"}
+    again = cli(stack, "approve", run_id, "--step", "review", "--json")
+    assert again.returncode != 0 and "not waiting for a decision" in again.stdout + again.stderr

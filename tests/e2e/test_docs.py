@@ -191,13 +191,13 @@ def render_state_tables() -> dict[str, str]:
     park_reasons = []
     for reason in ParkReason:
         name = f"park_budget_{reason.value}"
-        park_reasons.append(
-            (
-                f"`{reason.value}`",
-                f"`ORCH_{name.upper()}` ({_seconds(defaults[name].default)})",
-                meaning(ParkReason, reason),
-            )
+        budget = (
+            f"its `expires_in` (at most `ORCH_MAX_APPROVAL_EXPIRY`, "
+            f"{_seconds(defaults['max_approval_expiry'].default)})"
+            if reason is ParkReason.APPROVAL
+            else f"`ORCH_{name.upper()}` ({_seconds(defaults[name].default)})"
         )
+        park_reasons.append((f"`{reason.value}`", budget, meaning(ParkReason, reason)))
     return {
         "run-statuses": _table(("status", "kind", "meaning"), run_statuses),
         "step-statuses": _table(("status", "kind", "meaning"), step_statuses),

@@ -14,7 +14,14 @@ from orchestration.explain import explain
 from orchestration.models import Run
 from orchestration.records import to_record
 from orchestration.settings import Settings
-from orchestration.states import RUN_LIVE, RUN_TERMINAL, Health, ParkReason, RunStatus
+from orchestration.states import (
+    RUN_LIVE,
+    RUN_TERMINAL,
+    UNATTENDED_PARKS,
+    Health,
+    ParkReason,
+    RunStatus,
+)
 from tests.unit.support import PROPERTY, T0, make_settings, s
 
 
@@ -141,7 +148,7 @@ _OFFSETS = st.floats(min_value=-1e5, max_value=1e5, allow_nan=False)
     waiting_in=st.none() | _OFFSETS,
     cancel_in=st.none() | _OFFSETS,
 )
-def test_no_deadline_outlives_a_dead_heartbeat_except_a_human_park_or_a_cancel_grace(
+def test_no_deadline_outlives_a_dead_heartbeat_except_an_unattended_park_or_a_cancel_grace(
     tmp_path: Path,
     status: RunStatus,
     reason: ParkReason | None,
@@ -164,7 +171,7 @@ def test_no_deadline_outlives_a_dead_heartbeat_except_a_human_park_or_a_cancel_g
         cancel_requested_at=at(cancel_in),
     )
     bound = deadlines.heartbeat_expiry(settings, T0)
-    if status is RunStatus.PARKED and parked_for is not None and reason is ParkReason.HUMAN:
+    if status is RunStatus.PARKED and parked_for is not None and reason in UNATTENDED_PARKS:
         bound = deadlines.park_expiry(settings, reason.value, T0 + s(parked_for), at(waiting_in))
     if status is RunStatus.CANCELLING and cancel_in is not None:
         bound = max(bound, T0 + s(cancel_in + settings.cancel_grace))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from orchestration.providers.scripted import ScriptedProvider
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
-from orchestration.workflows import parse
+from orchestration.workflows import load_file, parse
 from tests.unit.support import (
     T0,
     Clock,
@@ -240,3 +241,16 @@ def test_an_unreachable_provider_is_retried_and_then_parks_as_without_retry(
         tick = outcome.tick
     run, step = run_row(settings, run_id), steps_of(settings, run_id)[0]
     assert (run.status, run.park_reason, step.attempt) == ("parked", "platform_interrupt", 2)
+
+
+def test_a_bare_yaml_on_key_is_the_retry_on_list(settings: Settings, tmp_path: Path) -> None:
+    """YAML 1.1 reads ``on:`` as the boolean true; the retry block takes it as ``on``."""
+    path = tmp_path / "wf.yaml"
+    path.write_text(
+        "name: w\nsteps:\n  - id: a\n    provider: scripted\n"
+        "    retry: {attempts: 2, on: [rate_limited, failed]}\n",
+        encoding="utf-8",
+    )
+    spec = parse(load_file(path), settings)
+    assert spec.steps[0].retry is not None
+    assert spec.steps[0].retry.on == ("rate_limited", "failed")

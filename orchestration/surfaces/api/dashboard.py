@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +23,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from orchestration.errors import OrchestrationError, RunNotFound
+from orchestration.errors import ConflictError, OrchestrationError, RunNotFound, ValidationError
 from orchestration.service import Orchestrator
 from orchestration.states import RUN_TERMINAL, Health, RunStatus
 from orchestration.surfaces.api import paging
@@ -196,9 +197,11 @@ async def _form(request: Request) -> dict[str, str]:
     return {key: values[0] for key, values in fields.items()}
 
 
-@router.post("/runs/{run_id}/cancel")
-async def cancel_run(request: Request, run_id: str) -> Response:
-    """The cancel button: cancel, then show the run again (303, so a reload does not repost)."""
+async def _posted(
+    request: Request, run_id: str, act: Callable[[Orchestrator, str, dict[str, str]], Any]
+) -> Response:
+    """A run page's form: signed in, its CSRF value checked, ``act`` run, then the run shown
+    again (303, so a reload does not repost)."""
     signed_in = await run_in_threadpool(_session, request)
     if signed_in is None:
         return _to_login()
@@ -212,12 +215,41 @@ async def cancel_run(request: Request, run_id: str) -> Response:
             title="Refused",
             message="the form is stale or came from another site; reload the run page",
         )
-    graceful = form.get("graceful") == "true"
     try:
-        await run_in_threadpool(orch.cancel, run_id, owner=owner, graceful=graceful)
+        await run_in_threadpool(act, orch, owner, form)
     except RunNotFound as exc:
         return _page("error.html", 404, owner=owner, title="Not found", message=str(exc))
+    except (ConflictError, ValidationError) as exc:
+        return _page("error.html", 409, owner=owner, title="Not done", message=str(exc))
     return RedirectResponse(f"/dashboard/runs/{run_id}", status_code=303)
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel_run(request: Request, run_id: str) -> Response:
+    """The cancel button."""
+    return await _posted(
+        request,
+        run_id,
+        lambda orch, owner, form: orch.cancel(
+            run_id, owner=owner, graceful=form.get("graceful") == "true"
+        ),
+    )
+
+
+@router.post("/runs/{run_id}/steps/{step_id}/approval")
+async def decide_approval(request: Request, run_id: str, step_id: str) -> Response:
+    """The approve and reject buttons of an approval step."""
+    return await _posted(
+        request,
+        run_id,
+        lambda orch, owner, form: orch.approve(
+            run_id,
+            step_id,
+            owner=owner,
+            approve=form.get("decision") == "approve",
+            comment=(form.get("comment") or "").strip()[:2000] or None,
+        ),
+    )
 
 
 def _login_form(request: Request, status_code: int = 200, error: str | None = None) -> HTMLResponse:

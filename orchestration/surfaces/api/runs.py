@@ -1,4 +1,4 @@
-"""``/runs``: launch, list, get, cancel, answer, explain and events, scoped to the caller.
+"""``/runs``: launch, list, get, cancel, answer, approve, explain and events, scoped to the caller.
 
 Thin: each route parses the request, calls :class:`~orchestration.service.Orchestrator` and
 returns its record. Another owner's run is ``404 not_found``, exactly like a missing one.
@@ -8,7 +8,7 @@ Routes are sync: FastAPI runs them in its thread pool, and the service is blocki
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,6 +49,15 @@ class AnswerRequest(BaseModel):
 
     step: str = Field(description="The parked step's id.")
     value: Any = Field(description="Any JSON value; the step resumes with it.")
+
+
+class ApprovalRequest(BaseModel):
+    """A decision on an approval step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "reject"] = Field(description="`approve` or `reject`.")
+    comment: str | None = Field(None, max_length=2000, description="Why; kept with it.")
 
 
 class RunPage(BaseModel):
@@ -149,6 +158,17 @@ def cancel(
 def answer(run_id: str, body: AnswerRequest, owner: ApiOwner, orch: Orch) -> RunRecord:
     """Resume the parked step with the answer; 409 ``conflict`` if it is not waiting for one."""
     return orch.answer(run_id, body.step, body.value, owner=owner)
+
+
+@router.post("/{run_id}/steps/{step_id}/approval", summary="Decide an approval step")
+def approval(
+    run_id: str, step_id: str, body: ApprovalRequest, owner: ApiOwner, orch: Orch
+) -> RunRecord:
+    """Approve (the run moves on) or reject (it fails ``approval_rejected``); 409
+    ``conflict`` if the step is not waiting for a decision (decided, expired, cancelled)."""
+    return orch.approve(
+        run_id, step_id, owner=owner, approve=body.decision == "approve", comment=body.comment
+    )
 
 
 @router.get("/{run_id}/explain", summary="Explain a run")

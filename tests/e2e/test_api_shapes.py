@@ -1,0 +1,68 @@
+"""Retries and approvals over real HTTP (issue 12): the run JSON lists every attempt with its
+error and the run page shows them; an approval is decided once through its route, and the run
+page offers its buttons."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestration.runtime.processes import ManagedProcess
+from tests.conftest import wait_for
+from tests.e2e.conftest import ApiServer, scripted
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_run_json_and_the_run_page_show_each_attempt(
+    api: ApiServer, worker: ManagedProcess, token: str
+) -> None:
+    flow = scripted([["completed"]], attempt_states=[[["failed"]]], error="model overloaded")
+    flow["steps"][0]["retry"] = {"attempts": 2, "backoff": 0.2}
+    with api.client(token) as client:
+        created = client.post("/runs", json={"workflow": flow})
+        assert created.status_code == 201, created.text
+        run_id = created.json()["id"]
+        done = wait_for(
+            lambda: (r := client.get(f"/runs/{run_id}").json())["status"] == "completed" and r,
+            30,
+            interval=0.1,
+            what="the retried run completed",
+        )
+        page = client.get(f"/dashboard/runs/{run_id}")
+    step = done["steps"][0]
+    assert (step["attempt"], step["status"], step["retry_at"]) == (2, "completed", None)
+    assert [(a["attempt"], a["reason"], a["error"]) for a in step["past_attempts"]] == [
+        (1, "failed", "model overloaded")
+    ]
+    assert page.status_code == 200, page.text
+    assert "attempt 1 ended (failed)" in page.text and "model overloaded" in page.text
+
+
+def test_an_approval_is_decided_once_through_its_route(
+    api: ApiServer, worker: ManagedProcess, token: str
+) -> None:
+    flow = {
+        "name": "approve",
+        "steps": [{"id": "review", "approval": {"prompt": "Ship it?", "expires_in": 300}}],
+    }
+    with api.client(token) as client:
+        run_id = client.post("/runs", json={"workflow": flow}).json()["id"]
+        wait_for(
+            lambda: client.get(f"/runs/{run_id}").json()["park_reason"] == "approval",
+            30,
+            interval=0.1,
+            what="the run parked for its approval",
+        )
+        page = client.get(f"/dashboard/runs/{run_id}")
+        route = f"/runs/{run_id}/steps/review/approval"
+        wrong = client.post(route, json={"decision": "maybe"})
+        decided = client.post(route, json={"decision": "reject", "comment": "not today"})
+        again = client.post(route, json={"decision": "approve"})
+    assert 'id="approve"' in page.text and "Ship it?" in page.text
+    assert wrong.status_code == 400 and "decision" in wrong.text, wrong.text
+    assert decided.status_code == 200, decided.text
+    record = decided.json()
+    assert (record["status"], record["stop_reason"]) == ("failed", "approval_rejected")
+    assert record["steps"][0]["output"]["comment"] == "not today"
+    assert again.status_code == 409, again.text
+    assert "not waiting for a decision" in again.text
