@@ -243,7 +243,17 @@ def sweep(report: dict[str, Any]) -> str:
         rows,
     ) + (
         "\n\n`bench.sweep_cost.measure`: a fresh database per size, rows bulk-inserted, "
-        "then ANALYZE."
+        "then `VACUUM ANALYZE` (as autovacuum leaves a live table), then the timed passes."
+    ) + _remeasured(report.get("sweep_remeasured"))
+
+
+def _remeasured(meta: dict[str, Any] | None) -> str:
+    """A sweep measured apart from the rest of the report (``--only sweep``, merged in)."""
+    if not meta:
+        return ""
+    return (
+        f" These rows were measured apart, on commit `{meta['commit']}` at {meta['started']} "
+        "(`python -m bench --only sweep`, merged into the report)."
     )
 
 

@@ -145,7 +145,7 @@ class Driver:
         run_id = self._launch(plan)
         if run_id is None or plan.follow_up is None:
             return
-        if plan.follow_up == "answer":
+        if plan.follow_up in ("answer", "approve"):
             self._answer(plan, run_id)
         elif plan.follow_up == "storm":
             time.sleep(plan.follow_at)
@@ -185,21 +185,29 @@ class Driver:
         return record.id
 
     def _answer(self, plan: RunPlan, run_id: str) -> None:
+        """Answer the human park (``answer``), or decide the approval step (``approve``),
+        once the run waits for it."""
+        reason = "approval" if plan.follow_up == "approve" else "human"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not self.stop.is_set():
             record = retrying(lambda: self.orch.get(run_id, owner=plan.owner))
             if is_terminal(record):
                 self._note_answer(run_id, f"ended {record.status} before parking")
                 return
-            if record.status == "parked" and record.park_reason == "human":
+            if record.status == "parked" and record.park_reason == reason:
                 break
             time.sleep(0.3)
         else:
-            self._note_answer(run_id, "never parked for a human")
+            self._note_answer(run_id, f"never parked for {reason}")
             return
         time.sleep(self.rng.uniform(0.0, 2.0))
         try:
-            retrying(lambda: self.orch.answer(run_id, "s1", {"approved": True}, owner=plan.owner))
+            if reason == "approval":
+                retrying(lambda: self.orch.approve(run_id, "review", owner=plan.owner))
+            else:
+                retrying(
+                    lambda: self.orch.answer(run_id, "s1", {"approved": True}, owner=plan.owner)
+                )
             self._note_answer(run_id, "answered")
         except ConflictError as exc:
             self._note_answer(run_id, f"conflict: {exc}"[:200])

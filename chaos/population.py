@@ -1,7 +1,8 @@
 """The population of runs a chaos run launches: scenarios, and a seeded plan of them.
 
 Each scenario is a workflow of ``scripted`` steps (a real provider whose turns are rows in the
-database) plus what the driver does to the run after launch: answer its human park, cancel it
+database), retried steps and approval steps, plus what the driver does to the run after
+launch: answer its human park, decide its approval, cancel it
 (a storm of concurrent cancels, a graceful cancel, a cancel timed against the last step's
 completion), or send its chain again mid-run. Every step has a ``timeout``, so every run has an
 end even if nobody acts: the drain phase can wait for all of them.
@@ -34,6 +35,11 @@ WEIGHTS: dict[str, int] = {
     "graceful_cancel": 3,
     "cancel_race": 6,
     "keyed": 5,
+    "retry_recovers": 5,
+    "retry_exhausted": 3,
+    "retry_rate_limited": 3,
+    "approval_approved": 4,
+    "approval_expired": 3,
 }
 
 #: Every step ends by this many seconds after it starts, whatever its script says.
@@ -176,7 +182,43 @@ def workflow_for(scenario: str, rng: random.Random) -> tuple[dict[str, Any], str
             max_poll_interval=0.3,
         )
         return _flow(scenario, first, last), "completed|cancelled"
+    if scenario.startswith("retry_"):
+        return _retrying(scenario, rng)
+    if scenario.startswith("approval_"):
+        approved = scenario == "approval_approved"
+        review = {
+            "id": "review",
+            "approval": {
+                "prompt": "ship {{ args.what }}?",
+                "expires_in": 15.0 if approved else round(rng.uniform(1.5, 4.0), 2),
+                "on_expiry": "reject" if approved else rng.choice(["reject", "fail"]),
+            },
+        }
+        ship = _step("s2", [_running(rng, 0.2, 0.8), ["completed"]], rng)
+        return _flow(scenario, review, ship), "completed" if approved else "failed"
     raise ValueError(f"unknown scenario {scenario!r}")
+
+
+def _retrying(scenario: str, rng: random.Random) -> tuple[dict[str, Any], str]:
+    """Steps whose attempts fail (or are rate limited) before the last: each attempt a turn of
+    its own key, the wait between them a countdown."""
+    backoff = round(rng.uniform(0.2, 1.0), 2)
+    retry: dict[str, Any] = {"attempts": 3, "backoff": backoff, "max_backoff": 2.0}
+    if scenario == "retry_recovers":
+        failing = [_running(rng, 0.2, 0.8), ["failed"]]
+        options = {"attempt_states": [failing, [["failed"]]][: rng.randint(1, 2)]}
+        step = _step("s1", [_running(rng, 0.2, 0.8), ["completed"]], rng, **{"with": options})
+        return _flow(scenario, {**step, "retry": retry}), "completed"
+    if scenario == "retry_exhausted":
+        step = _step("s1", [_running(rng, 0.2, 0.8), ["failed"]], rng)
+        return _flow(scenario, {**step, "retry": {**retry, "attempts": 2}}), "failed"
+    # A rate-limited turn is stopped (by the stop task) before the next attempt starts.
+    limited: dict[str, Any] = {
+        "attempt_states": [[_running(rng, 0.2, 0.6), ["rate_limited", 600]]],
+        "reset_after": round(rng.uniform(0.3, 1.5), 2),
+    }
+    step = _step("s1", [_running(rng, 0.2, 0.8), ["completed"]], rng, **{"with": limited})
+    return _flow(scenario, {**step, "retry": {**retry, "on": ["rate_limited"]}}), "completed"
 
 
 def _keyed_group(rng: random.Random, label: str, owner: str, at: float) -> list[RunPlan]:
@@ -235,6 +277,11 @@ def plan_population(rng: random.Random, runs: int, window: float, owners: int = 
         plan.twice = rng.random() < 0.12
         if scenario == "human_answered":
             plan.follow_up = "answer"
+        elif scenario == "approval_approved":
+            plan.follow_up = "approve"
+            plan.args = {"what": label}
+        elif scenario == "approval_expired":
+            plan.args = {"what": label}
         elif scenario == "cancel_storm":
             plan.follow_up, plan.follow_at = "storm", round(rng.uniform(0.5, 4.0), 2)
         elif scenario == "graceful_cancel":

@@ -138,10 +138,22 @@ def health_expression(settings: Settings, now: datetime) -> ColumnElement[str]:
             Run.parked_since < now - timedelta(seconds=settings.park_budget(None)),
         ),
     )
+    # An approval with its expiry ends at that expiry exactly (``deadlines.park_expiry``);
+    # never NULL, so that its negation is true for every other park.
+    timed_approval = and_(
+        func.coalesce(Run.park_reason, "") == ParkReason.APPROVAL.value,
+        Run.waiting_until.is_not(None),
+    )
     park_expired = and_(
         Run.parked_since.is_not(None),
-        over_budget,
-        or_(Run.waiting_until.is_(None), Run.waiting_until < now),
+        or_(
+            and_(timed_approval, Run.waiting_until < now),
+            and_(
+                ~timed_approval,
+                over_budget,
+                or_(Run.waiting_until.is_(None), Run.waiting_until < now),
+            ),
+        ),
     )
     polled_park_dead = and_(
         or_(Run.park_reason.is_(None), Run.park_reason.not_in(sorted(UNATTENDED_PARKS))),
