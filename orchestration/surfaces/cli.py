@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
@@ -181,17 +182,22 @@ def _wait(record: RunRecord, owner: str, *, quiet: bool) -> RunRecord:
     return record
 
 
-@app.command()
-def show(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
-    """Show one run with its steps."""
+def _print_record(call: Callable[[], RunRecord], as_json: bool) -> None:
+    """Run ``call`` and print the record it returns, or its error, as every command does."""
     try:
-        record = _orchestrator().get(run_id, owner=_owner(owner))
+        record = call()
     except OrchestrationError as exc:
         _fail(exc, as_json)
     if as_json:
         _dump(_record_json(record))
     else:
         _show(record)
+
+
+@app.command()
+def show(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
+    """Show one run with its steps."""
+    _print_record(lambda: _orchestrator().get(run_id, owner=_owner(owner)), as_json)
 
 
 @app.command()
@@ -232,14 +238,9 @@ def cancel(
     as_json: AsJson = False,
 ) -> None:
     """Cancel a run; returns once its row is terminal (unless --graceful)."""
-    try:
-        record = _orchestrator().cancel(run_id, owner=_owner(owner), graceful=graceful)
-    except OrchestrationError as exc:
-        _fail(exc, as_json)
-    if as_json:
-        _dump(_record_json(record))
-    else:
-        _show(record)
+    _print_record(
+        lambda: _orchestrator().cancel(run_id, owner=_owner(owner), graceful=graceful), as_json
+    )
 
 
 @app.command()
@@ -251,16 +252,12 @@ def answer(
     as_json: AsJson = False,
 ) -> None:
     """Answer a run parked for a human; it resumes."""
-    try:
-        record = _orchestrator().answer(
+    _print_record(
+        lambda: _orchestrator().answer(
             run_id, step, _json_arg(value, "value"), owner=_owner(owner)
-        )
-    except OrchestrationError as exc:
-        _fail(exc, as_json)
-    if as_json:
-        _dump(_record_json(record))
-    else:
-        _show(record)
+        ),
+        as_json,
+    )
 
 
 @app.command()
@@ -275,16 +272,12 @@ def approve(
     as_json: AsJson = False,
 ) -> None:
     """Decide a run's approval step: approved, it moves on; rejected, it fails."""
-    try:
-        record = _orchestrator().approve(
+    _print_record(
+        lambda: _orchestrator().approve(
             run_id, step, owner=_owner(owner), approve=not reject, comment=comment
-        )
-    except OrchestrationError as exc:
-        _fail(exc, as_json)
-    if as_json:
-        _dump(_record_json(record))
-    else:
-        _show(record)
+        ),
+        as_json,
+    )
 
 
 @app.command()
