@@ -238,13 +238,23 @@ def sweep(report: dict[str, Any]) -> str:
         ]
         for row in item
     ]
-    return table(
-        ["terminal runs", "live runs", "pass (median of 5)", "ratio to 0 terminal", "statements"],
-        rows,
-    ) + (
-        "\n\n`bench.sweep_cost.measure`: a fresh database per size, rows bulk-inserted, "
-        "then `VACUUM ANALYZE` (as autovacuum leaves a live table), then the timed passes."
-    ) + _remeasured(report.get("sweep_remeasured"))
+    return (
+        table(
+            [
+                "terminal runs",
+                "live runs",
+                "pass (median of 5)",
+                "ratio to 0 terminal",
+                "statements",
+            ],
+            rows,
+        )
+        + (
+            "\n\n`bench.sweep_cost.measure`: a fresh database per size, rows bulk-inserted, "
+            "then `VACUUM ANALYZE` (as autovacuum leaves a live table), then the timed passes."
+        )
+        + _remeasured(report.get("sweep_remeasured"))
+    )
 
 
 def _remeasured(meta: dict[str, Any] | None) -> str:
