@@ -111,6 +111,7 @@ class StepRow:
     #: A ``retrying`` step's next attempt starts no earlier than this.
     retry_at: datetime | None = None
     turn_stop: Any = None
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ def enter(
     ).first()
     if fenced is None:
         return _why_not(session, run_id, index)
-    pk, step_id, provider, status, run_turn, key, attempt, started_at, last, claimed, *more = fenced
+    (pk, step_id, provider, status, run_turn, key, attempt, started_at, last, claimed,
+     retry_at, turn_stop) = fenced  # fmt: skip
     step = StepRow(
         pk,
         run_id,
@@ -163,7 +165,9 @@ def enter(
         started_at,
         last,
         claimed,
-        *more,
+        retry_at=retry_at,
+        turn_stop=turn_stop,
+        index=index,
     )
     spec = specs.of_run(session, run_id)[index]
     stamped = session.execute(

@@ -24,9 +24,9 @@ from orchestration.execution.parking import leave_park
 from orchestration.execution.rows import fail
 from orchestration.followups import Done, Followups
 from orchestration.models import Run, Step
-from orchestration.settings import Settings
+from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import RetryOn, RunStatus, StepStatus, TurnStopStatus
-from orchestration.transitions import transition_step
+from orchestration.transitions import touch_step, transition_step
 from orchestration.workflows import StepSpec
 
 
@@ -111,6 +111,12 @@ def wait(settings: Settings, retry_at: datetime, now: datetime) -> float:
     return max(0.0, min((retry_at - now).total_seconds(), settings.max_poll_interval_limit))
 
 
+def _stop_silence(settings: Settings) -> timedelta:
+    """The longest a pending stop can go without an attempt while its task lives: one
+    provider call, the stop task's longest backoff (30 s) and the margin."""
+    return timedelta(seconds=settings.provider_timeout + 30 + MARGIN_SECONDS)
+
+
 def held(
     session: Session, settings: Settings, run_id: str, entry: Entry, now: datetime
 ) -> Done[Outcome] | None:
@@ -124,7 +130,17 @@ def held(
     if stop.get("key") in (None, step.idempotency_key):
         return None
     if stop.get("status") == TurnStopStatus.PENDING.value:
-        return Done(Poll(entry.spec.poll_interval, entry.tick))
+        last = datetime.fromisoformat(stop["at"])
+        if now - last <= _stop_silence(settings):
+            return Done(Poll(entry.spec.poll_interval, entry.tick))
+        # No attempt of that stop for longer than one takes: its message was lost (the
+        # process that ended the attempt died before sending it, or the broker dropped it).
+        # Hand it to the stop task again, so the wait stays bounded.
+        touch_step(session, step, now, turn_stop={**stop, "at": now.isoformat()})
+        return Done(
+            Poll(entry.spec.poll_interval, entry.tick),
+            Followups(stops=((run_id, step.index),)),
+        )
     if stop.get("status") == TurnStopStatus.FAILED.value and stop.get("provider_run_id"):
         return Done(
             Halt("the previous attempt's turn could not be stopped"),

@@ -254,3 +254,29 @@ def test_a_bare_yaml_on_key_is_the_retry_on_list(settings: Settings, tmp_path: P
     spec = parse(load_file(path), settings)
     assert spec.steps[0].retry is not None
     assert spec.steps[0].retry.on == ("rate_limited", "failed")
+
+
+def test_a_lost_stop_of_the_previous_turn_is_sent_again_so_the_wait_stays_bounded(
+    settings: Settings,
+) -> None:
+    """The stop task message of attempt 1's turn never arrives (the queue only records it):
+    once no attempt of that stop came for longer than one takes, the step hands it out again
+    instead of waiting on it forever."""
+    clock = Clock(T0)
+    queue = RecordingDispatcher()
+    options = {"attempt_states": [[["rate_limited", 1000]]], "states": [["completed"]]}
+    retry = _retrying(attempts=2, backoff=1, on=["rate_limited"])
+    run_id = launch(settings, workflow(step_spec(with_=options, retry=retry)))
+    stepper = _stepper(settings, clock, queue)
+    _, tick = _until_not_polling(stepper, run_id, 0)
+    assert queue.stops == [(run_id, 0)]
+    stopped_at = steps_of(settings, run_id)[0].turn_stop["at"]
+    clock.advance(5)
+    tick = stepper.advance(run_id, 0, tick).tick
+    assert queue.stops == [(run_id, 0)], "a stop in its window is waited for"
+    clock.advance(settings.provider_timeout + 30)
+    tick = stepper.advance(run_id, 0, tick).tick
+    assert queue.stops == [(run_id, 0)] * 2, "the silent stop is handed out again"
+    assert steps_of(settings, run_id)[0].turn_stop["at"] > stopped_at
+    assert turns.attempt(Executor(settings, None), settings, run_id, 0, clock.now) is None
+    assert _until_not_polling(stepper, run_id, tick)[0] == Proceed()
