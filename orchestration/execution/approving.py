@@ -70,7 +70,7 @@ def decide(
 ) -> Followups:
     """Record a person's decision on the approval step ``step_id`` and move the run on (or
     end it ``failed``, ``approval_rejected``)."""
-    run, step, spec = _parked(session, run_id, step_id, now)
+    run, step = _parked(session, run_id, step_id, now)
     assert run.waiting_until is not None
     if now >= run.waiting_until:
         raise ConflictError(
@@ -79,7 +79,7 @@ def decide(
         )
     decision = "approved" if approve else "rejected"
     return _settle(
-        session, settings, run, step, spec, now,
+        session, settings, run, step, now,
         output={"decision": decision, "by": by, "comment": comment, "at": now.isoformat()},
         go_on=approve, stop=StopReason.APPROVAL_REJECTED,
     )  # fmt: skip
@@ -99,7 +99,7 @@ def expire(session: Session, settings: Settings, run_id: str, now: datetime) -> 
     assert spec.approval is not None
     on = spec.approval.on_expiry
     return _settle(
-        session, settings, run, step, spec, now,
+        session, settings, run, step, now,
         output={"decision": "expired", "by": None, "comment": None, "at": now.isoformat(),
                 "applied": on.value},
         go_on=on is OnExpiry.APPROVE,
@@ -109,7 +109,7 @@ def expire(session: Session, settings: Settings, run_id: str, now: datetime) -> 
 
 def _parked(
     session: Session, run_id: str, step_id: str, now: datetime
-) -> tuple[Run, Step, StepSpec]:
+) -> tuple[Run, Step]:
     """The run, locked, and its approval step, refusing anything not waiting for a decision."""
     step = session.scalars(
         select(Step).where(Step.run_id == run_id, Step.step_id == step_id)
@@ -137,7 +137,7 @@ def _parked(
             f"run {run_id} is {run.status}, not waiting for a decision at step {step_id!r}"
             + (f" (it was {said})" if said else "")
         )
-    return run, step, spec
+    return run, step
 
 
 def _settle(
@@ -145,7 +145,6 @@ def _settle(
     settings: Settings,
     run: Run,
     step: Step,
-    spec: StepSpec,
     now: datetime,
     *,
     output: dict[str, Any],
