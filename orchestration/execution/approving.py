@@ -107,9 +107,7 @@ def expire(session: Session, settings: Settings, run_id: str, now: datetime) -> 
     )  # fmt: skip
 
 
-def _parked(
-    session: Session, run_id: str, step_id: str, now: datetime
-) -> tuple[Run, Step]:
+def _parked(session: Session, run_id: str, step_id: str, now: datetime) -> tuple[Run, Step]:
     """The run, locked, and its approval step, refusing anything not waiting for a decision."""
     step = session.scalars(
         select(Step).where(Step.run_id == run_id, Step.step_id == step_id)
