@@ -23,7 +23,7 @@ from orchestration.followups import Done, Followups
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import ParkReason, RunStatus, StepStatus, StopReason
-from orchestration.transitions import lock_run, touch_step, transition_run, transition_step
+from orchestration.transitions import lock_run, touch_step, transition_step
 from orchestration.workflows import OnExpiry, StepSpec
 
 _SETTLED = effects.Progress(settled=True, exhausted=[], next_due=None)
@@ -38,17 +38,13 @@ def ask(
     prompt: Any,
     now: datetime,
 ) -> Done[Outcome]:
-    """Park the run for a decision on ``prompt`` until the approval expires."""
+    """Park the run (already moved out of ``queued`` by the claim) for a decision on
+    ``prompt`` until the approval expires."""
     assert spec.approval is not None
     if step.status == StepStatus.PENDING:
         transition_step(
             session, step, StepStatus.RUNNING, cause="approval requested", now=now,
             values={"input": prompt}, seen=StepStatus.PENDING,
-        )  # fmt: skip
-    if run.status == RunStatus.QUEUED:
-        transition_run(
-            session, run.id, RunStatus.RUNNING, cause="first step starting", now=now,
-            seen=RunStatus.QUEUED,
         )  # fmt: skip
     expires = now + timedelta(seconds=spec.approval.expires_in)
     parking.park(

@@ -80,6 +80,15 @@ def claim(
             Halt("task could not be rendered"),
             fail(session, settings, run_id, f"step {step.step_id}: {exc}", now),
         )
+    if entry.run_status is RunStatus.QUEUED:
+        transition_run(
+            session,
+            run_id,
+            RunStatus.RUNNING,
+            cause="first step starting",
+            now=now,
+            seen=RunStatus.QUEUED,
+        )
     if approval is not None:
         run = session.get(Run, run_id, populate_existing=True)
         row = session.get(Step, step.pk, populate_existing=True)
@@ -97,15 +106,6 @@ def claim(
         )
     else:
         touch_step(session, step, now, start_claimed_at=now)
-    if entry.run_status is RunStatus.QUEUED:
-        transition_run(
-            session,
-            run_id,
-            RunStatus.RUNNING,
-            cause="first step starting",
-            now=now,
-            seen=RunStatus.QUEUED,
-        )
     answer, resuming = None, False
     if step.attempt > 1:  # a turn that resumes a human park carries the answer; a retry not
         answer, cleared = session.execute(
