@@ -80,6 +80,19 @@ def claim(
             Halt("task could not be rendered"),
             fail(session, settings, run_id, f"step {step.step_id}: {exc}", now),
         )
+    if approval is None:
+        if step.status in (StepStatus.PENDING, StepStatus.RETRYING):
+            transition_step(
+                session,
+                step,
+                StepStatus.RUNNING,
+                cause="turn starting" if step.attempt == 1 else f"attempt {step.attempt} starting",
+                now=now,
+                values={"input": rendered, "start_claimed_at": now, "retry_at": None},
+                seen=step.status,
+            )
+        else:
+            touch_step(session, step, now, start_claimed_at=now)
     if entry.run_status is RunStatus.QUEUED:
         transition_run(
             session,
@@ -94,18 +107,6 @@ def claim(
         row = session.get(Step, step.pk, populate_existing=True)
         assert run is not None and row is not None
         return approving.ask(session, settings, run, row, entry.spec, rendered, now)
-    if step.status in (StepStatus.PENDING, StepStatus.RETRYING):
-        transition_step(
-            session,
-            step,
-            StepStatus.RUNNING,
-            cause="turn starting" if step.attempt == 1 else f"attempt {step.attempt} starting",
-            now=now,
-            values={"input": rendered, "start_claimed_at": now, "retry_at": None},
-            seen=step.status,
-        )
-    else:
-        touch_step(session, step, now, start_claimed_at=now)
     answer, resuming = None, False
     if step.attempt > 1:  # a turn that resumes a human park carries the answer; a retry not
         answer, cleared = session.execute(
