@@ -12,21 +12,21 @@ countdown, never a sleep: each execution before ``retry_at`` only stamps the hea
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import null
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, launching
+from orchestration import bounds, launching, turns
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.parking import leave_park
 from orchestration.execution.rows import fail
 from orchestration.followups import Done, Followups
 from orchestration.models import Run, Step
+from orchestration.providers.base import TurnRef
 from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import RetryOn, RunStatus, StepStatus, TurnStopStatus
-from orchestration.transitions import touch_step, transition_step
+from orchestration.transitions import transition_step
 from orchestration.workflows import StepSpec
 
 
@@ -55,17 +55,14 @@ def next_attempt(
     retry_at = now + timedelta(seconds=spec.retry.delay(step.attempt))
     if not_before is not None and not_before > retry_at:
         retry_at = min(not_before, now + timedelta(seconds=settings.max_retry_backoff))
-    stop_old = reason is not RetryOn.FAILED
-    old_stop: dict[str, Any] | None = None
-    if stop_old:
-        old_stop = {
-            "status": TurnStopStatus.PENDING.value,
-            "attempts": 0,
-            "error": None,
-            "at": now.isoformat(),
-            "key": step.idempotency_key,
-            "provider_run_id": step.provider_run_id,
-        }
+    assert step.idempotency_key is not None
+    old_turn = turns.LiveTurn(
+        run.id,
+        step.index,
+        step.pk,
+        step.provider,
+        TurnRef(step.idempotency_key, step.provider_run_id, spec.options),
+    )
     ended = {
         "attempt": step.attempt,
         "reason": reason.value,
@@ -97,11 +94,14 @@ def next_attempt(
             "retry_at": retry_at,
             "next_poll_at": retry_at,
             "past_attempts": [*(step.past_attempts or []), ended],
-            **({"turn_stop": old_stop} if old_stop else {}),
         },
         seen=StepStatus(step.status),
     )
-    then = Followups(stops=((run.id, step.index),)) if stop_old else Followups()
+    then = Followups()
+    if (
+        reason is not RetryOn.FAILED
+    ):  # recorded against the old key, now that the step has a new one
+        then = turns.hand_off(session, turns.pending([old_turn]), now)
     return Done(Poll(wait(settings, retry_at, now), step.polls), then)
 
 
@@ -136,11 +136,11 @@ def held(
         # No attempt of that stop for longer than one takes: its message was lost (the
         # process that ended the attempt died before sending it, or the broker dropped it).
         # Hand it to the stop task again, so the wait stays bounded.
-        touch_step(session, step, now, turn_stop={**stop, "at": now.isoformat()})
-        return Done(
-            Poll(entry.spec.poll_interval, entry.tick),
-            Followups(stops=((run_id, step.index),)),
-        )
+        ref = TurnRef(stop["key"], stop.get("provider_run_id"), entry.spec.options)
+        turn = turns.LiveTurn(run_id, step.index, step.pk, step.provider, ref)
+        again = turns.Stopped(turn, TurnStopStatus.PENDING, stop.get("error"))
+        then = turns.hand_off(session, [again], now, attempts=int(stop.get("attempts", 0)))
+        return Done(Poll(entry.spec.poll_interval, entry.tick), then)
     if stop.get("status") == TurnStopStatus.FAILED.value and stop.get("provider_run_id"):
         return Done(
             Halt("the previous attempt's turn could not be stopped"),
