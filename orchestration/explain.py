@@ -76,12 +76,17 @@ def _stalled(
     return why, move
 
 
+def _spec(record: RunRecord, step: StepRecord) -> StepSpec:
+    """The step as the run's stored workflow states it."""
+    return StepSpec.model_validate(record.workflow["steps"][step.index])
+
+
 def _retrying(
     settings: Settings, record: RunRecord, step: StepRecord, now: datetime
 ) -> tuple[str, str]:
     """A step between two attempts: what ended the last one, when the next starts, and the
     latest the step can end with every attempt left (parks aside: each has its budget)."""
-    spec = StepSpec.model_validate(record.workflow["steps"][step.index])
+    spec = _spec(record, step)
     assert spec.retry is not None
     ended = step.past_attempts[-1] if step.past_attempts else {}
     why = (
@@ -130,7 +135,7 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
                 f"--value JSON`, or the park expires at {_at(expiry)} and the run times out"
             )
         elif record.park_reason == ParkReason.APPROVAL and step is not None:
-            spec = StepSpec.model_validate(record.workflow["steps"][step.index])
+            spec = _spec(record, step)
             on_expiry = spec.approval.on_expiry.value if spec.approval else "reject"
             why += f", waiting for a decision on {step.prompt!r}"
             next_move = (

@@ -213,8 +213,9 @@ class Orchestrator:
         """Decide the approval step ``step_id``: approved, the run moves on; rejected, it ends
         ``failed`` (``approval_rejected``). Raises :class:`ConflictError` when the run is not
         waiting for that decision (decided already, expired, cancelled, or another step)."""
-        if comment is not None and (not isinstance(comment, str) or len(comment) > 2000):
-            raise ValidationError("comment", "must be text of at most 2000 characters")
+        limit = approving.MAX_COMMENT_CHARS
+        if comment is not None and (not isinstance(comment, str) or len(comment) > limit):
+            raise ValidationError("comment", f"must be text of at most {limit} characters")
         now = self.clock()
 
         def decide(session: Session) -> Done[None]:

@@ -27,6 +27,8 @@ from orchestration.transitions import lock_run, touch_step, transition_step
 from orchestration.workflows import OnExpiry, StepSpec
 
 _SETTLED = effects.Progress(settled=True, exhausted=[], next_due=None)
+#: The longest comment a decision keeps (the CLI, the API and the dashboard take it).
+MAX_COMMENT_CHARS = 2000
 
 
 def ask(

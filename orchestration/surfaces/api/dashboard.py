@@ -24,6 +24,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
 from orchestration.errors import ConflictError, OrchestrationError, RunNotFound, ValidationError
+from orchestration.execution import approving
 from orchestration.service import Orchestrator
 from orchestration.states import RUN_TERMINAL, Health, RunStatus
 from orchestration.surfaces.api import paging
@@ -187,6 +188,7 @@ def run_page(
         csrf=csrf_value(token),
         terminal=RunStatus(record.status) in RUN_TERMINAL,
         refresh=refresh,
+        max_comment=approving.MAX_COMMENT_CHARS,
     )
 
 
@@ -247,7 +249,7 @@ async def decide_approval(request: Request, run_id: str, step_id: str) -> Respon
             step_id,
             owner=owner,
             approve=form.get("decision") == "approve",
-            comment=(form.get("comment") or "").strip()[:2000] or None,
+            comment=(form.get("comment") or "").strip()[: approving.MAX_COMMENT_CHARS] or None,
         ),
     )
 

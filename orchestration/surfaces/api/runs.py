@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestration.claims import OnConflict
 from orchestration.errors import ValidationError
+from orchestration.execution import approving
 from orchestration.records import RunRecord
 from orchestration.service import MAX_PAGE
 from orchestration.summaries import RunSummary
@@ -57,7 +58,9 @@ class ApprovalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     decision: Literal["approve", "reject"] = Field(description="`approve` or `reject`.")
-    comment: str | None = Field(None, max_length=2000, description="Why; kept with it.")
+    comment: str | None = Field(
+        None, max_length=approving.MAX_COMMENT_CHARS, description="Why; kept with it."
+    )
 
 
 class RunPage(BaseModel):
