@@ -215,9 +215,9 @@ class Step(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     next_poll_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     #: The provider cancel of this step's turn once the run ended it, or of the previous
-    #: attempt's turn when a retry ended it: ``{status, attempts, error, at}`` (status a
-    #: :class:`~orchestration.states.TurnStopStatus`; a retry's also names the ``attempt``,
-    #: its ``key`` and ``provider_run_id``), else ``None``.
+    #: attempt's turn when a retry ended it: ``{status, attempts, error, at, key,
+    #: provider_run_id}`` (status a :class:`~orchestration.states.TurnStopStatus`; ``key``
+    #: names the turn, an earlier attempt's for a retry), else ``None``.
     turn_stop: Mapped[Any] = mapped_column(JSONType, nullable=True)
     #: When the current execution claimed the provider start (cleared once the call's outcome
     #: is recorded): ``cancel`` waits for a live claim, bounded by one provider call.
@@ -225,7 +225,7 @@ class Step(Base):
     #: A ``retrying`` step's next attempt starts no earlier than this (its ``retry`` backoff).
     retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     #: The attempts this step has ended and retried, oldest first: ``{attempt, reason, error,
-    #: provider_run_id, started_at, ended_at, turn_stop}`` each.
+    #: provider_run_id, started_at, ended_at}`` each.
     past_attempts: Mapped[Any] = mapped_column(JSONType, nullable=True)
 
     run: Mapped[Run] = relationship(back_populates="steps")

@@ -141,7 +141,7 @@ class StepSpec(BaseModel):
         given = self.model_fields_set
         if self.approval is None and "provider" not in given:
             raise ValueError("a step needs a provider, or an approval")
-        if self.approval is not None and ({"provider", "task", "with", "options"} & given):
+        if self.approval is not None and ({"provider", "task", "options"} & given):
             raise ValueError("an approval step has no provider, task or with")
         if self.approval is not None and self.retry is not None:
             raise ValueError("an approval step has no retry")
@@ -275,45 +275,47 @@ def _check_approval(
 ) -> None:
     plain_json(approval.prompt, f"{where}.approval.prompt")
     templating.check(approval.prompt, f"{where}.approval.prompt", args=args, earlier_steps=earlier)
-    if approval.expires_in > settings.max_approval_expiry:
-        raise LimitExceeded(
-            f"{where}.approval.expires_in",
-            f"{approval.expires_in}s is over the limit of {settings.max_approval_expiry}s "
-            "(ORCH_MAX_APPROVAL_EXPIRY)",
-        )
+    _seconds_within(
+        f"{where}.approval.expires_in",
+        approval.expires_in,
+        settings.max_approval_expiry,
+        "ORCH_MAX_APPROVAL_EXPIRY",
+    )
+
+
+def _seconds_within(field: str, value: float, limit: float, setting: str, why: str = "") -> None:
+    """Refuse a duration over the operator's bound, naming the field and the setting."""
+    if value > limit:
+        raise LimitExceeded(field, f"{value}s is over the limit of {limit}s ({setting}){why}")
+
+
+_HEARTBEATS = ", which keeps heartbeats within their timeout"
 
 
 def _check_bounds(step: StepSpec, where: str, settings: Settings) -> None:
-    if step.poll_interval > settings.max_poll_interval_limit:
-        raise LimitExceeded(
-            f"{where}.poll_interval",
-            f"{step.poll_interval}s is over the limit of {settings.max_poll_interval_limit}s "
-            "(ORCH_MAX_POLL_INTERVAL_LIMIT), which keeps heartbeats within their timeout",
+    limit = settings.max_poll_interval_limit
+    for name in ("poll_interval", "max_poll_interval"):
+        value = getattr(step, name)
+        _seconds_within(
+            f"{where}.{name}", value, limit, "ORCH_MAX_POLL_INTERVAL_LIMIT", _HEARTBEATS
         )
-    if step.max_poll_interval > settings.max_poll_interval_limit:
-        raise LimitExceeded(
-            f"{where}.max_poll_interval",
-            f"{step.max_poll_interval}s is over the limit of {settings.max_poll_interval_limit}s "
-            "(ORCH_MAX_POLL_INTERVAL_LIMIT), which keeps heartbeats within their timeout",
-        )
-    if step.timeout > settings.max_step_timeout:
-        raise LimitExceeded(
-            f"{where}.timeout",
-            f"{step.timeout}s is over the limit of {settings.max_step_timeout}s "
-            "(ORCH_MAX_STEP_TIMEOUT)",
-        )
-    if step.retry is not None and step.retry.attempts > settings.max_step_attempts:
+    _seconds_within(
+        f"{where}.timeout", step.timeout, settings.max_step_timeout, "ORCH_MAX_STEP_TIMEOUT"
+    )
+    if step.retry is None:
+        return
+    if step.retry.attempts > settings.max_step_attempts:
         raise LimitExceeded(
             f"{where}.retry.attempts",
             f"{step.retry.attempts} attempts is over the limit of {settings.max_step_attempts} "
             "(ORCH_MAX_STEP_ATTEMPTS)",
         )
-    if step.retry is not None and step.retry.max_backoff > settings.max_retry_backoff:
-        raise LimitExceeded(
-            f"{where}.retry.max_backoff",
-            f"{step.retry.max_backoff}s is over the limit of {settings.max_retry_backoff}s "
-            "(ORCH_MAX_RETRY_BACKOFF)",
-        )
+    _seconds_within(
+        f"{where}.retry.max_backoff",
+        step.retry.max_backoff,
+        settings.max_retry_backoff,
+        "ORCH_MAX_RETRY_BACKOFF",
+    )
 
 
 def load_file(path: str | Path) -> Any:
