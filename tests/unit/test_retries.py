@@ -47,6 +47,20 @@ def _retrying(**retry: Any) -> dict[str, Any]:
     return {"attempts": 3, "backoff": 2, "max_backoff": 60, **retry}
 
 
+def _first_attempt_ended(
+    settings: Settings,
+    clock: Clock,
+    options: dict[str, Any],
+    retry: dict[str, Any],
+    queue: Any = None,
+) -> tuple[str, Stepper, int]:
+    """Launch one retried step and run it until its first attempt has ended."""
+    run_id = launch(settings, workflow(step_spec(with_=options, retry=retry)))
+    stepper = _stepper(settings, clock, queue)
+    _, tick = _until_not_polling(stepper, run_id, 0)
+    return run_id, stepper, tick
+
+
 def _until_not_polling(stepper: Stepper, run_id: str, tick: int) -> tuple[Any, int]:
     """Executions until one is not a plain poll of a running turn (the step task's body)."""
     for _ in range(10):
@@ -117,9 +131,7 @@ def test_the_last_attempt_failing_fails_the_run_and_says_which_attempt(
 ) -> None:
     clock = Clock(T0)
     options = {"attempt_states": [[["failed"]], [["failed"]]]}
-    run_id = launch(settings, workflow(step_spec(with_=options, retry=_retrying(attempts=2))))
-    stepper = _stepper(settings, clock)
-    _, tick = _until_not_polling(stepper, run_id, 0)
+    run_id, stepper, tick = _first_attempt_ended(settings, clock, options, _retrying(attempts=2))
     clock.advance(2)
     outcome, _ = _until_not_polling(stepper, run_id, tick)
     assert isinstance(outcome, Halt)
@@ -144,9 +156,7 @@ def test_a_cancel_during_the_backoff_ends_the_run_and_no_attempt_starts(
     settings: Settings,
 ) -> None:
     clock = Clock(T0)
-    run_id = launch(settings, workflow(step_spec(with_=FAILS_TWICE, retry=_retrying())))
-    stepper = _stepper(settings, clock)
-    _, tick = _until_not_polling(stepper, run_id, 0)
+    run_id, stepper, tick = _first_attempt_ended(settings, clock, FAILS_TWICE, _retrying())
     record = Orchestrator(settings, RecordingDispatcher(), clock=clock).cancel(
         run_id, owner="owner-1"
     )
@@ -164,9 +174,7 @@ def test_a_rate_limited_attempt_is_stopped_before_the_next_one_starts(
     queue = RecordingDispatcher()
     options = {"attempt_states": [[["rate_limited", 1000]]], "states": [["completed"]]}
     retry = _retrying(attempts=2, backoff=1, on=["rate_limited"])
-    run_id = launch(settings, workflow(step_spec(with_=options, retry=retry)))
-    stepper = _stepper(settings, clock, queue)
-    _, tick = _until_not_polling(stepper, run_id, 0)
+    run_id, stepper, tick = _first_attempt_ended(settings, clock, options, retry, queue)
     step = steps_of(settings, run_id)[0]
     assert (step.status, step.attempt) == ("retrying", 2)
     assert step.turn_stop["key"] == f"{run_id}:a:1" and step.turn_stop["status"] == "pending"
@@ -266,9 +274,7 @@ def test_a_lost_stop_of_the_previous_turn_is_sent_again_so_the_wait_stays_bounde
     queue = RecordingDispatcher()
     options = {"attempt_states": [[["rate_limited", 1000]]], "states": [["completed"]]}
     retry = _retrying(attempts=2, backoff=1, on=["rate_limited"])
-    run_id = launch(settings, workflow(step_spec(with_=options, retry=retry)))
-    stepper = _stepper(settings, clock, queue)
-    _, tick = _until_not_polling(stepper, run_id, 0)
+    run_id, stepper, tick = _first_attempt_ended(settings, clock, options, retry, queue)
     assert queue.stops == [(run_id, 0)]
     stopped_at = steps_of(settings, run_id)[0].turn_stop["at"]
     clock.advance(5)
