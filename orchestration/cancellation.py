@@ -6,10 +6,15 @@ request is written first, under the run row's lock; a step claims a provider sta
 requested. So once the request has committed, no start can begin; a start already in flight
 ends within one provider call (the transport's hard deadline), and ``finish`` waits for its
 claim to clear before it reads the turns to stop. No lock is held across the provider call.
+
+A run with branches (``for_each``, ``parallel``) is cancelled with them: its request is
+recorded first (so its step admits no more branches), then each live branch run's, and
+``finish`` ends every branch run the same way before the parent.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import datetime
 
@@ -21,7 +26,7 @@ from orchestration.errors import IllegalTransition
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
 from orchestration.settings import MARGIN_SECONDS, Settings
-from orchestration.states import RUN_TERMINAL, STEP_LIVE, RunStatus, StopReason
+from orchestration.states import RUN_LIVE, RUN_TERMINAL, STEP_LIVE, RunStatus, StopReason
 from orchestration.transitions import touch_run, transition_run
 
 #: How often ``cancel`` looks whether a provider start in flight has ended (seconds).
@@ -37,8 +42,28 @@ def request(transact: Transact, settings: Settings, run_id: str, *, now: datetim
     """
     if not transact(lambda session: Done(_record_request(session, settings, run_id, now, by))):
         return False
-    _await_starts(transact, settings, run_id, now)
+    branches = transact(lambda session: Done(_live_branches(session, run_id)))
+    for branch in branches:
+        transact(functools.partial(_request_branch, settings, branch, now, by))
+    for run in (run_id, *branches):
+        _await_starts(transact, settings, run, now)
     return True
+
+
+def _request_branch(
+    settings: Settings, run_id: str, now: datetime, by: str, session: Session
+) -> Done[bool]:
+    return Done(_record_request(session, settings, run_id, now, f"{by}, with its parent"))
+
+
+def _live_branches(session: Session, run_id: str) -> list[str]:
+    return list(
+        session.scalars(
+            select(Run.id)
+            .where(Run.parent_run_id == run_id, Run.status.in_([s.value for s in RUN_LIVE]))
+            .order_by(Run.parent_step, Run.branch)
+        )
+    )
 
 
 def _record_request(
@@ -93,6 +118,12 @@ def finish(
     false when the caller is the run's own step task. Returns ``False`` when another writer
     ended the run first (that writer's end stands).
     """
+    for branch in transact(lambda session: Done(_live_branches(session, run_id))):
+        finish(
+            transact, settings, branch, now=now, stop_reason=StopReason.PARENT_ENDED,
+            cause=f"{cause} (its parent run)", revoke=True, lock_timeout=lock_timeout,
+            inline=inline,
+        )  # fmt: skip
     # The tasks are revoked as soon as this read commits, before the provider cancels: a step
     # task woken by its provider's answer must not race the cancel to the terminal row.
     live = transact(lambda session: _live(session, run_id, revoke=revoke))

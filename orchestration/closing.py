@@ -17,12 +17,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import chains, claims, turns
+from orchestration import chains, claims, specs, turns
 from orchestration.errors import RunNotFound
 from orchestration.followups import Followups
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import (
+    RUN_LIVE,
     RUN_TERMINAL,
     STEP_END_FOR_RUN_END,
     STEP_LIVE,
@@ -110,10 +111,28 @@ def end_run(
         stops=tuple(
             (s.turn.run_id, s.turn.index) for s in tried if s.status is TurnStopStatus.PENDING
         ),
+        ends=_live_branches(session, run_id),
+        joins=((run.parent_run_id, run.parent_step),)
+        if run.parent_run_id is not None and run.parent_step is not None
+        else (),
     )
     if promote and held and run.concurrency_key is not None:
         then += _promote(session, settings, run, now)
     return then
+
+
+def _live_branches(session: Session, run_id: str) -> tuple[str, ...]:
+    """The branch runs still live under a run that is ending (only a run with a branching
+    step can have any; its specs are cached, so other runs pay no query)."""
+    if not any(spec.branching for spec in specs.of_run(session, run_id)):
+        return ()
+    return tuple(
+        session.scalars(
+            select(Run.id)
+            .where(Run.parent_run_id == run_id, Run.status.in_([s.value for s in RUN_LIVE]))
+            .order_by(Run.parent_step, Run.branch)
+        )
+    )
 
 
 def _promote(session: Session, settings: Settings, run: Run, now: datetime) -> Followups:

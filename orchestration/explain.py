@@ -14,6 +14,7 @@ from orchestration.deadlines import heartbeat_expiry, park_expiry
 from orchestration.records import RunRecord, StepRecord
 from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import (
+    RUN_TERMINAL,
     ClaimState,
     Health,
     ParkReason,
@@ -21,7 +22,7 @@ from orchestration.states import (
     StepStatus,
     TurnStopStatus,
 )
-from orchestration.workflows import StepSpec
+from orchestration.step_specs import StepSpec
 
 
 def _ago(now: datetime, then: datetime | None) -> str:
@@ -110,11 +111,34 @@ def _retrying(
     )
 
 
+def _branches(record: RunRecord, step: StepRecord, expiry: datetime) -> tuple[str, str]:
+    """A step parked on its branches: how far they are, which one holds it, and its bound."""
+    spec = _spec(record, step)
+    branches = step.branches or []
+    ended = [b for b in branches if b["status"] in RUN_TERMINAL]
+    live = [b for b in branches if b["status"] not in RUN_TERMINAL]
+    failed = sum(1 for b in ended if b["status"] != RunStatus.COMPLETED)
+    why = f", waiting for its branches: {len(ended)} of {len(branches)} branches ended"
+    why += f" ({failed} did not complete)" if failed else ""
+    if live:
+        first = live[0]
+        why += f"; branch {first['id']} (run {first['run_id']}, {first['status']}) holds it"
+    else:
+        why += "; the join is due"
+    move = (
+        f"each branch's end settles the step (join: {spec.branch_join.value}); "
+        f"at {_at(expiry)} the park expires, the run times out and every branch is cancelled"
+    )
+    return why, move
+
+
 def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, Any]:
     """A structured explanation; ``text`` joins it into sentences."""
     status = RunStatus(record.status)
     step = _current(record)
     where = f"step {step.step_id!r} ({step.status}, attempt {step.attempt})" if step else "no step"
+    if record.parent_run_id is not None:
+        where = f"branch {record.branch_key} of run {record.parent_run_id}: {where}"
     why: str
     next_move: str
     if record.health == Health.ENDED:
@@ -142,6 +166,9 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
                 f"`orchestration approve {record.id} --step {step.step_id} [--reject]`, or at "
                 f"{_at(expiry)} the sweeper applies on_expiry ({on_expiry})"
             )
+        elif record.park_reason == ParkReason.BRANCHES and step is not None:
+            more, next_move = _branches(record, step, expiry)
+            why += more
         elif record.park_reason == ParkReason.ENGINE_LIMIT:
             why += f", rate limited until {_at(record.waiting_until)}"
             next_move = f"the next poll after the limit resets; the park expires at {_at(expiry)}"
@@ -158,6 +185,12 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
     elif status is RunStatus.QUEUED and record.claim == ClaimState.QUEUED:
         why = f"it waits for concurrency key {record.concurrency_key!r}, held by another run"
         next_move = "it starts when the holder ends (any terminal path, or the sweeper)"
+    elif status is RunStatus.QUEUED and record.claim == ClaimState.SLOT:
+        why = f"{where} waits for a slot of its step's max_concurrency"
+        next_move = (
+            "it starts when a sibling branch ends (or the sweeper admits it); its parent's "
+            "end ends it"
+        )
     elif status is RunStatus.WAITING:
         why = f"{where} finished its turn; its post-step effects are running"
         next_move = "the next effect attempt (bounded attempts with backoff)"

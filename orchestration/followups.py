@@ -43,20 +43,28 @@ class ChainPlan:
 
 @dataclass(frozen=True)
 class Followups:
-    """Chains to send, task ids to revoke (``terminate=True``) and ``(run_id, step index)``
-    provider turns whose stop is pending on the step (``steps.turn_stop``)."""
+    """Chains to send, task ids to revoke (``terminate=True``), ``(run_id, step index)``
+    provider turns whose stop is pending on the step (``steps.turn_stop``), branch runs to end
+    because their parent ended, and ``(run_id, step index)`` branching steps to settle
+    because one of their branches ended (each in a transaction of its own)."""
 
     chains: tuple[ChainPlan, ...] = ()
     revoke: tuple[str, ...] = ()
     stops: tuple[tuple[str, int], ...] = ()
+    ends: tuple[str, ...] = ()
+    joins: tuple[tuple[str, int], ...] = ()
 
     def __add__(self, other: Followups) -> Followups:
         return Followups(
-            self.chains + other.chains, self.revoke + other.revoke, self.stops + other.stops
+            self.chains + other.chains,
+            self.revoke + other.revoke,
+            self.stops + other.stops,
+            self.ends + other.ends,
+            self.joins + other.joins,
         )
 
     def __bool__(self) -> bool:
-        return bool(self.chains or self.revoke or self.stops)
+        return bool(self.chains or self.revoke or self.stops or self.ends or self.joins)
 
 
 NOTHING = Followups()

@@ -82,7 +82,8 @@ def derive(settings: Settings, run: RunView, now: datetime) -> Health:
         if run.park_reason not in UNATTENDED_PARKS and heartbeat_dead(settings, run, now):
             return Health.STALLED
         return Health.WAITING
-    if status is RunStatus.QUEUED and run.claim == ClaimState.QUEUED:
-        # Waiting behind the holder of its concurrency key; it is moved when the holder ends.
+    if status is RunStatus.QUEUED and run.claim in (ClaimState.QUEUED, ClaimState.SLOT):
+        # Waiting behind the holder of its concurrency key, or for a slot of its parent step's
+        # max_concurrency; it is moved when the holder (a sibling branch) ends.
         return Health.WAITING
     return Health.STALLED if heartbeat_dead(settings, run, now) else Health.WORKING

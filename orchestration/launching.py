@@ -19,13 +19,13 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestration import chains, claims, closing, deadlines, specs, workflows
+from orchestration import chains, claims, closing, deadlines, specs, step_specs, workflows
 from orchestration.errors import IdempotencyConflict, LimitExceeded, ValidationError
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, RunEvent, Step
 from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, ClaimState, RunStatus, StepStatus
-from orchestration.workflows import StepSpec
+from orchestration.step_specs import StepSpec
 
 T = TypeVar("T")
 
@@ -216,7 +216,7 @@ def _write(
                 run_id=run_id,
                 index=index,
                 step_id=step["id"],
-                provider=step.get("provider", workflows.APPROVAL_PROVIDER),
+                provider=step_specs.provider_column(step),
                 status=StepStatus.PENDING.value,
                 attempt=1,
                 idempotency_key=idempotency_key(run_id, step["id"], 1),
@@ -244,10 +244,11 @@ def _write(
 
 def _check_capacity(session: Session, settings: Settings, owner: str) -> None:
     live = [status.value for status in RUN_LIVE]
+    # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they do not use up launches.
     total, mine = session.execute(
         select(func.count(), func.count().filter(Run.owner == owner))
         .select_from(Run)
-        .where(Run.status.in_(live))
+        .where(Run.status.in_(live), Run.parent_run_id.is_(None))
     ).one()
     if (total or 0) >= settings.max_active_runs:
         raise LimitExceeded(

@@ -129,6 +129,16 @@ class Run(Base):
             postgresql_where=text("finished_at IS NOT NULL"),
             sqlite_where=text("finished_at IS NOT NULL"),
         ),
+        # A step's branches are created once each, and read in branch order.
+        Index(
+            "uq_runs_branch",
+            "parent_run_id",
+            "parent_step",
+            "branch",
+            unique=True,
+            postgresql_where=text("parent_run_id IS NOT NULL"),
+            sqlite_where=text("parent_run_id IS NOT NULL"),
+        ),
         Index(
             "ix_runs_cancel_latency",
             "finished_at",
@@ -172,6 +182,17 @@ class Run(Base):
     claim: Mapped[ClaimState | None] = mapped_column(StateColumn(ClaimState))
     #: Set when a human should look at this run (e.g. displaced from its claim).
     needs_review: Mapped[bool] = mapped_column(default=False)
+    #: A branch run: the run whose ``for_each`` or ``parallel`` step made it, that step's
+    #: index, the branch's position, and its key (the item's index, or the parallel step id).
+    parent_run_id: Mapped[str | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), nullable=True
+    )
+    parent_step: Mapped[int | None] = mapped_column(Integer)
+    branch: Mapped[int | None] = mapped_column(Integer)
+    branch_key: Mapped[str | None] = mapped_column(String(80))
+    #: What a branch's templates see beside ``args``: ``{item, index, steps}`` (the parent's
+    #: completed outputs when the branch was made).
+    branch_context: Mapped[Any] = mapped_column(JSONType, nullable=True)
 
     # Loaded only when read: the step task reads its run several times per execution and
     # never needs the other steps (eager loading cost 38 % of a worker's time, docs/benchmarks).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -45,6 +46,9 @@ class StepRecord(BaseModel):
     #: The attempts this step ended and retried, oldest first: ``{attempt, reason, error,
     #: provider_run_id, started_at, ended_at}``.
     past_attempts: list[dict[str, Any]] = Field(default_factory=list)
+    #: A ``for_each`` or ``parallel`` step's branch runs, in branch order: ``{id, index,
+    #: run_id, status, attempt, output, error, provider_run_id}`` each (``None`` otherwise).
+    branches: list[dict[str, Any]] | None = None
 
     @field_validator("past_attempts", mode="before")
     @classmethod
@@ -85,12 +89,29 @@ class RunRecord(BaseModel):
     on_conflict: str | None
     claim: str | None
     needs_review: bool
+    #: A branch run: the run and step that made it, and its position and key there.
+    parent_run_id: str | None = None
+    parent_step: int | None = None
+    branch: int | None = None
+    branch_key: str | None = None
     steps: list[StepRecord]
 
 
-def to_record(settings: Settings, run: Run, steps: list[Step], now: datetime) -> RunRecord:
-    """Build the record of ``run`` at ``now`` (health is derived, never stored)."""
+def to_record(
+    settings: Settings,
+    run: Run,
+    steps: list[Step],
+    now: datetime,
+    branches: Mapping[int, list[dict[str, Any]]] | None = None,
+) -> RunRecord:
+    """Build the record of ``run`` at ``now`` (health is derived, never stored), with the
+    branch runs of its branching steps by step index."""
     data = {column.key: getattr(run, column.key) for column in Run.__table__.columns}
     data["health"] = derive(settings, run, now).value
-    data["steps"] = [StepRecord.model_validate(step) for step in steps]
+    data["steps"] = [
+        StepRecord.model_validate(step).model_copy(
+            update={"branches": (branches or {}).get(step.index)}
+        )
+        for step in steps
+    ]
     return RunRecord.model_validate(data)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from orchestration import cancellation, chains, claims, launching, summaries
 from orchestration.db import check_ready, utcnow
 from orchestration.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
-from orchestration.execution import approving
+from orchestration.execution import approving, branching
 from orchestration.followups import Done
 from orchestration.models import Run, RunEvent, Step
 from orchestration.records import RunRecord, to_record
@@ -309,7 +309,9 @@ class Orchestrator:
         steps = list(
             session.scalars(select(Step).where(Step.run_id == run.id).order_by(Step.index)).all()
         )
-        return to_record(self.settings, run, steps, self.clock())
+        return to_record(
+            self.settings, run, steps, self.clock(), branches=branching.listed(session, run.id)
+        )
 
 
 def is_terminal(record: RunRecord) -> bool:

@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     park_budget_engine_limit: float = Field(3600.0, gt=0)
     park_budget_platform_interrupt: float = Field(900.0, gt=0)
     park_budget_default: float = Field(3600.0, gt=0)
+    #: How long a ``for_each`` or ``parallel`` step may wait for its branches (seconds): past
+    #: it the run times out and every branch is cancelled.
+    park_budget_branches: float = Field(86400.0, gt=0)
 
     #: Post-step effects: attempts, first backoff (doubling), and what exhaustion does.
     effect_attempts: int = Field(5, ge=1, le=50)
@@ -107,6 +110,11 @@ class Settings(BaseSettings):
     max_retry_backoff: float = Field(3600.0, gt=0)
     #: Longest ``expires_in`` an approval step may ask for (seconds).
     max_approval_expiry: float = Field(604800.0, gt=0)
+    #: Most branches one ``for_each`` or ``parallel`` step may have, and one run in all.
+    max_branches: int = Field(256, ge=1)
+    max_branches_per_run: int = Field(1000, ge=1)
+    #: Most branches of one step running at once (``max_concurrency``, and its default).
+    max_branch_concurrency: int = Field(32, ge=1)
 
     #: Limits on what callers may launch.
     max_active_runs: int = Field(10000, ge=1)
@@ -311,6 +319,7 @@ class Settings(BaseSettings):
             "human": self.park_budget_human,
             "engine_limit": self.park_budget_engine_limit,
             "platform_interrupt": self.park_budget_platform_interrupt,
+            "branches": self.park_budget_branches,
             "approval": self.max_approval_expiry,
         }.get(reason or "", self.park_budget_default)
 

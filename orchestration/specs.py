@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestration.models import Run
-from orchestration.workflows import StepSpec
+from orchestration.step_specs import StepSpec
 
 #: Runs whose specs one process keeps.
 CACHED_RUNS = 2048

@@ -92,6 +92,9 @@ class StopReason(StrEnum):
     APPROVAL_REJECTED = "approval_rejected"
     #: An approval step expired undecided with ``on_expiry: fail``.
     APPROVAL_EXPIRED = "approval_expired"
+    #: A branch run whose parent ended first (cancelled, timed out, or failed because a
+    #: sibling branch failed under ``join: all``).
+    PARENT_ENDED = "parent_ended"
 
 
 class ParkReason(StrEnum):
@@ -105,10 +108,24 @@ class ParkReason(StrEnum):
     PLATFORM_INTERRUPT = "platform_interrupt"
     #: An approval step waits for a person's decision until its ``expires_in``.
     APPROVAL = "approval"
+    #: A ``for_each`` or ``parallel`` step waits for its branch runs to settle.
+    BRANCHES = "branches"
 
 
-#: Parks that no worker polls (a person answers them), so their heartbeat is not expected.
-UNATTENDED_PARKS: frozenset[str] = frozenset({ParkReason.HUMAN.value, ParkReason.APPROVAL.value})
+#: Parks that no worker polls (a person, or the branch runs, end them), so their heartbeat is
+#: not expected.
+UNATTENDED_PARKS: frozenset[str] = frozenset(
+    {ParkReason.HUMAN.value, ParkReason.APPROVAL.value, ParkReason.BRANCHES.value}
+)
+
+
+class Join(StrEnum):
+    """When a branching step is done with its branches."""
+
+    #: Every branch completed; the first that does not fails the step and cancels the others.
+    ALL = "all"
+    #: Every branch ended; then the step fails if any of them did not complete.
+    ALL_SETTLED = "all_settled"
 
 
 class RetryOn(StrEnum):
@@ -147,13 +164,16 @@ class EffectStatus(StrEnum):
 
 
 class ClaimState(StrEnum):
-    """Where a run stands on its concurrency key (``runs.claim``; ``NULL`` without a key, or
-    once the run has ended)."""
+    """Where a run stands on a shared bound, its concurrency key or its parent step's
+    ``max_concurrency`` (``runs.claim``; ``NULL`` without one, or once the run has ended)."""
 
     #: The one active run of (owner, key), enforced by a unique partial index.
     HOLDING = "holding"
     #: Waiting for the holder to end; started by the holder's end or the sweeper.
     QUEUED = "queued"
+    #: A branch run waiting for a slot of its step's ``max_concurrency``; admitted by a
+    #: sibling's end or the sweeper.
+    SLOT = "slot"
 
 
 class TurnStopStatus(StrEnum):
@@ -250,7 +270,12 @@ STOP_REASONS: dict[RunStatus, frozenset[StopReason]] = {
         }
     ),
     _R.CANCELLED: frozenset(
-        {StopReason.CANCEL_REQUESTED, StopReason.CANCEL_ENFORCED, StopReason.PREEMPTED}
+        {
+            StopReason.CANCEL_REQUESTED,
+            StopReason.CANCEL_ENFORCED,
+            StopReason.PREEMPTED,
+            StopReason.PARENT_ENDED,
+        }
     ),
     _R.TIMED_OUT: frozenset(
         {StopReason.STEP_TIMEOUT, StopReason.PARK_EXPIRED, StopReason.DEADLINE_EXCEEDED}

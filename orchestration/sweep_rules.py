@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from orchestration import health
 from orchestration.health import RunView
 from orchestration.settings import Settings
-from orchestration.states import UNATTENDED_PARKS, ClaimState, RunStatus
+from orchestration.states import UNATTENDED_PARKS, ClaimState, ParkReason, RunStatus
 
 Check = Callable[[Settings, RunView, datetime], bool]
 
@@ -51,6 +51,15 @@ def _queued_behind(_: Settings, run: RunView, __: datetime) -> bool:
     return run.status == RunStatus.QUEUED and run.claim == ClaimState.QUEUED
 
 
+def _waiting_for_slot(_: Settings, run: RunView, __: datetime) -> bool:
+    return run.status == RunStatus.QUEUED and run.claim == ClaimState.SLOT
+
+
+def _on_branches(settings: Settings, run: RunView, now: datetime) -> bool:
+    on = run.status == RunStatus.PARKED and run.park_reason == ParkReason.BRANCHES
+    return on and run.cancel_requested_at is None and not health.park_expired(settings, run, now)
+
+
 def _polled_and_dead(settings: Settings, run: RunView, now: datetime) -> bool:
     human = run.status == RunStatus.PARKED and run.park_reason in UNATTENDED_PARKS
     return not human and health.heartbeat_dead(settings, run, now)
@@ -80,6 +89,23 @@ RULES: tuple[Rule, ...] = (
         _always,
         lambda s, run: (
             "gives it the key once the holder is gone, and refreshes its deadline meanwhile"
+        ),
+    ),
+    Rule(
+        "branches_admitted",
+        _waiting_for_slot,
+        _always,
+        lambda s, run: (
+            "admits it once its step has a free slot (max_concurrency); its parent's end ends it"
+        ),
+    ),
+    Rule(
+        "branches_settled",
+        _on_branches,
+        _always,
+        lambda s, run: (
+            "settles its branching step: admits waiting branches into free slots, and joins "
+            "the step once every branch has ended (a hand-off lost with its process)"
         ),
     ),
     Rule(

@@ -9,13 +9,16 @@ Rules, per live run, first owner decides (the table is ``sweep_rules.RULES``, wh
 
 1. cancel enforcement: ``cancelling`` past ``ORCH_CANCEL_GRACE`` with a dead heartbeat;
 2. claim promotion: a run queued behind a key whose holder is gone gets the key;
-3. approval expiry: an approval step undecided at its ``expires_in`` gets its ``on_expiry``;
-4. park expiry: parked past its budget (and any ``waiting_until``);
-5. dead heartbeat: re-armed up to ``ORCH_MAX_REARMS`` times, then ``interrupted``;
-6. run deadline: a backstop; past ``deadline_at`` with nothing having ended it, closed
+3. branches: a branch run waiting for a slot is admitted once its step has one, and a step
+   parked on its branches is settled (admitted, failed or joined) as they stand;
+4. approval expiry: an approval step undecided at its ``expires_in`` gets its ``on_expiry``;
+5. park expiry: parked past its budget (and any ``waiting_until``);
+6. dead heartbeat: re-armed up to ``ORCH_MAX_REARMS`` times, then ``interrupted``;
+7. run deadline: a backstop; past ``deadline_at`` with nothing having ended it, closed
    ``deadline_exceeded``;
 
-then it stamps its own liveness row.
+then it stamps its own liveness row. Before the rules, a live branch run whose parent has
+ended (its parent's hand-off was lost) is ended ``cancelled`` (``parent_ended``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from sqlalchemy.orm import Session
 from orchestration import cancellation, chains, claims, closing, deadlines, sweep_rules
 from orchestration.db import utcnow
 from orchestration.errors import IllegalTransition
-from orchestration.execution import approving
+from orchestration.execution import approving, branching
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step, SweeperBeat
 from orchestration.settings import Settings
@@ -83,6 +86,9 @@ class Sweeper:
             "live": 0,
             "cancels_enforced": 0,
             "promoted": 0,
+            "branches_ended": 0,
+            "branches_admitted": 0,
+            "branches_settled": 0,
             "approvals_expired": 0,
             "parks_expired": 0,
             "rearmed": 0,
@@ -93,9 +99,13 @@ class Sweeper:
         }
         live = self.transact(_live_runs)
         report["live"] = len(live)
+        ids = {run.id for run in live}
         for run in live:
             try:
-                action = self._one(run, now or self.clock())
+                if run.parent_run_id is not None and run.parent_run_id not in ids:
+                    action = self._branch_ended(run, now or self.clock())
+                else:
+                    action = self._one(run, now or self.clock())
             except (IllegalTransition, IntegrityError):
                 action = None  # another writer (a step, a second beat) got there first
             except OperationalError:
@@ -119,6 +129,29 @@ class Sweeper:
             return None
         done: bool = getattr(self, f"_{rule.name}")(run, rule, now)
         return rule.name if done else None
+
+    def _branch_ended(self, run: Run, now: datetime) -> str | None:
+        """A live branch run of an ended parent: the parent's hand-off was lost."""
+
+        ended = self.transact(
+            lambda session: branching.end_orphan(session, self.settings, run.id, now),
+            lock_timeout=self.lock_timeout,
+        )
+        return "branches_ended" if ended else None
+
+    def _branches_admitted(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
+        assert run.parent_run_id is not None and run.parent_step is not None
+        parent, index = run.parent_run_id, run.parent_step
+        return self.transact(
+            lambda session: branching.settle(session, self.settings, parent, index, now),
+            lock_timeout=self.lock_timeout,
+        )
+
+    def _branches_settled(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
+        return self.transact(
+            lambda session: branching.settle(session, self.settings, run.id, run.current_step, now),
+            lock_timeout=self.lock_timeout,
+        )
 
     def _cancels_enforced(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         return cancellation.finish(

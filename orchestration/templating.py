@@ -1,4 +1,5 @@
-"""Step task templates: ``{{ args.path }}`` and ``{{ steps.ID.output.path }}``, nothing else.
+"""Step task templates: ``{{ args.path }}`` and ``{{ steps.ID.output.path }}`` (and, in a
+``for_each`` branch, ``{{ item.path }}`` and ``{{ index }}``), nothing else.
 
 Deliberately not a template engine: a placeholder is a dotted path into plain data, so a
 hostile ``task`` can name data but never run code. A string that is exactly one placeholder
@@ -47,9 +48,12 @@ def _path(expr: str, field: str) -> list[str]:
         return parts
     if parts[0] == "steps" and len(parts) >= 3 and parts[2] == "output":
         return parts
+    if parts[0] == "item" or parts == ["index"]:
+        return parts
     raise ValidationError(
         field,
-        f"placeholder {{{{ {expr} }}}} must start with 'args.' or 'steps.<id>.output'",
+        f"placeholder {{{{ {expr} }}}} must start with 'args.' or 'steps.<id>.output'"
+        " (or, in a for_each branch, be 'item' or 'index')",
     )
 
 
@@ -70,11 +74,17 @@ def check(
     *,
     args: Mapping[str, Any] | None,
     earlier_steps: Collection[str],
+    item: bool = False,
 ) -> None:
-    """Check every placeholder at launch: syntax, known steps, and args paths when known."""
+    """Check every placeholder at launch: syntax, known steps, and args paths when known;
+    ``item`` and ``index`` only where ``item`` says the step is a for_each branch."""
     for where, text in _strings(task, field):
         for expr in PLACEHOLDER.findall(text):
             parts = _path(expr, where)
+            if parts[0] in ("item", "index") and not item:
+                raise ValidationError(
+                    where, f"placeholder {{{{ {expr} }}}} is only known in a for_each branch"
+                )
             if parts[0] == "steps" and parts[1] not in earlier_steps:
                 raise ValidationError(
                     where,

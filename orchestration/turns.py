@@ -27,6 +27,7 @@ from orchestration.providers import budget
 from orchestration.providers.base import TurnRef
 from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import StepStatus, TurnStopStatus
+from orchestration.step_specs import TURNLESS_PROVIDERS
 
 LOG = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class Stopped:
 
 def live_turns(session: Session, run: Run) -> list[LiveTurn]:
     """Turns of the run's started, unfinished steps (a claimed start counts: the start call may
-    have reached the provider even if its id was never recorded)."""
+    have reached the provider even if its id was never recorded). An approval or a branching
+    step has no turn of its own."""
     steps = session.scalars(
         select(Step)
         .where(
@@ -84,7 +86,7 @@ def live_turns(session: Session, run: Run) -> list[LiveTurn]:
     return [
         LiveTurn(run.id, step.index, step.pk, step.provider, ref_for(run, step))
         for step in steps
-        if step.idempotency_key
+        if step.idempotency_key and step.provider not in TURNLESS_PROVIDERS
     ]
 
 

@@ -23,8 +23,8 @@ from orchestration.followups import Done, Followups
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import ParkReason, RunStatus, StepStatus, StopReason
+from orchestration.step_specs import OnExpiry, StepSpec
 from orchestration.transitions import lock_run, touch_step, transition_step
-from orchestration.workflows import OnExpiry, StepSpec
 
 _SETTLED = effects.Progress(settled=True, exhausted=[], next_due=None)
 #: The longest comment a decision keeps (the CLI, the API and the dashboard take it).

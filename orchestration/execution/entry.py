@@ -29,7 +29,7 @@ from orchestration.states import (
     RunStatus,
     StepStatus,
 )
-from orchestration.workflows import StepSpec
+from orchestration.step_specs import StepSpec
 
 _LIVE_STEPS = [status.value for status in STEP_LIVE]
 

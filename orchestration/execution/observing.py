@@ -18,8 +18,8 @@ from orchestration.models import Run, Step
 from orchestration.providers.base import FINISHED, ProviderStatus, TurnStatus
 from orchestration.settings import Settings
 from orchestration.states import ParkReason, RetryOn, RunStatus, StepStatus
+from orchestration.step_specs import StepSpec
 from orchestration.transitions import touch_step, transition_run, transition_step
-from orchestration.workflows import StepSpec
 
 _WORKING = (ProviderStatus.PENDING, ProviderStatus.RUNNING)
 

@@ -12,8 +12,8 @@ from orchestration.followups import Followups
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import ParkReason, RunStatus, StepStatus, StopReason
+from orchestration.step_specs import StepSpec
 from orchestration.transitions import touch_run, transition_run, transition_step
-from orchestration.workflows import StepSpec
 
 
 def park(

@@ -26,8 +26,8 @@ from orchestration.models import Run, Step
 from orchestration.providers.base import TurnRef
 from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import RetryOn, RunStatus, StepStatus, TurnStopStatus
+from orchestration.step_specs import StepSpec
 from orchestration.transitions import transition_step
-from orchestration.workflows import StepSpec
 
 
 def allowed(spec: StepSpec, step: Step, reason: RetryOn) -> bool:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from orchestration import templating, turns
 from orchestration.errors import LimitExceeded, ValidationError
-from orchestration.execution import approving, retrying
+from orchestration.execution import approving, branching, retrying
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.rows import fail
@@ -61,6 +61,8 @@ def claim(
         # fence to this one) hands the turn's id to the step. Starting again would call the
         # provider twice for one key; this execution looks again after a poll interval.
         return Done(Poll(entry.spec.poll_interval, entry.tick))
+    if entry.spec.branching:
+        return branching.expand(session, settings, run_id, entry, _context(session, run_id), now)
     approval = entry.spec.approval
     template, field = (entry.spec.task, "task") if approval is None else (approval.prompt, "prompt")
     context: dict[str, Any] = {"args": {}, "steps": {}}
@@ -127,11 +129,16 @@ def claim(
 
 
 def _context(session: Session, run_id: str) -> dict[str, Any]:
-    """The run's args and the outputs of its completed steps, for the task's template."""
-    args = session.scalar(select(Run.args).where(Run.id == run_id))
+    """The run's args and the outputs of its completed steps, for the task's template; a
+    branch run sees its parent's completed steps, its ``item`` and its ``index`` too."""
+    args, parent, extra = session.execute(
+        select(Run.args, Run.parent_run_id, Run.branch_context).where(Run.id == run_id)
+    ).one()
     rows = session.execute(
         select(Step.step_id, Step.output).where(
-            Step.run_id == run_id, Step.status == StepStatus.COMPLETED.value
+            Step.run_id.in_([run_id] if parent is None else [parent, run_id]),
+            Step.status == StepStatus.COMPLETED.value,
         )
     ).all()
-    return {"args": args, "steps": {step_id: {"output": output} for step_id, output in rows}}
+    context = {"args": args, "steps": {step_id: {"output": output} for step_id, output in rows}}
+    return {**context, **(extra or {})}

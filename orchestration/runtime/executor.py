@@ -3,8 +3,10 @@
 Every surface (the step, stop and sweep tasks, the Python API, the HTTP API, the CLI) reaches
 the domain through an :class:`Executor`. It opens the session, calls the domain, commits, and
 only then carries out the :class:`~orchestration.followups.Followups`: sending chain
-segments, revoking tasks, handing provider stops to the stop task. Their errors are logged,
-never raised: the rows are durable, and the sweeper recovers whatever was not sent.
+segments, revoking tasks, handing provider stops to the stop task, ending the branch runs of
+an ended parent and settling the parent of an ended branch run (each in a transaction of its
+own). Their errors are logged, never raised: the rows are durable, and the sweeper recovers
+whatever was not done.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from orchestration import turns
 from orchestration.db import session_scope, utcnow
+from orchestration.execution import branching
 from orchestration.followups import ChainPlan, Done, Followups
 from orchestration.settings import Settings
 
@@ -63,13 +66,23 @@ class Executor:
         if queue is None:
             for run_id, index in then.stops:
                 self._attempt(functools.partial(self._stop_here, run_id, index))
-            return
-        if then.revoke:
-            self._attempt(lambda: queue.revoke(list(then.revoke), terminate=True))
-        if then.stops:
-            self._attempt(lambda: queue.stop_turns(list(then.stops)))
-        for plan in then.chains:
-            self._attempt(functools.partial(queue.send_chain, plan))
+        else:
+            if then.revoke:
+                self._attempt(lambda: queue.revoke(list(then.revoke), terminate=True))
+            if then.stops:
+                self._attempt(lambda: queue.stop_turns(list(then.stops)))
+            for plan in then.chains:
+                self._attempt(functools.partial(queue.send_chain, plan))
+        for run_id in then.ends:
+            self._attempt(functools.partial(self._end_branch, run_id))
+        for run_id, index in dict.fromkeys(then.joins):
+            self._attempt(functools.partial(self._settle, run_id, index))
+
+    def _end_branch(self, run_id: str) -> None:
+        self(lambda session: branching.end_orphan(session, self.settings, run_id, utcnow()))
+
+    def _settle(self, run_id: str, index: int) -> None:
+        self(lambda session: branching.settle(session, self.settings, run_id, index, utcnow()))
 
     def _stop_here(self, run_id: str, index: int) -> None:
         turns.attempt(self, self.settings, run_id, index, utcnow())

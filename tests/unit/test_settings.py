@@ -155,8 +155,9 @@ def test_each_park_reason_has_its_own_budget() -> None:
         park_budget_platform_interrupt=3.0,
         park_budget_default=4.0,
         max_approval_expiry=5.0,
+        park_budget_branches=6.0,
     )
-    assert [settings.park_budget(reason) for reason in ParkReason] == [1.0, 2.0, 3.0, 5.0]
+    assert [settings.park_budget(reason) for reason in ParkReason] == [1.0, 2.0, 3.0, 5.0, 6.0]
     assert settings.park_budget(None) == 4.0
     assert settings.park_budget("something-else") == 4.0
 

@@ -1,0 +1,378 @@
+"""Branching steps (``for_each``, ``parallel``): branch runs, admitted as slots free, joined
+in the database. No Celery group or chord is involved.
+
+The branching step's execution renders its items and writes one *branch run* per item (or
+parallel step) in its claim's transaction: a run of one step, with the parent's owner and args,
+pointing back through ``parent_run_id``, ``parent_step`` and ``branch``. A branch run is a run
+in every other respect (parks, human answers, effects, retries, cancel, explain, Flower). The
+first ``max_concurrency`` are sent; the others wait with ``claim = slot``. The parent parks
+(``branches``) and no worker waits for it.
+
+A branch run's end (``closing.end_run``, a compare-and-set like every end) hands its parent
+to :func:`settle` after commit. Under the parent row's lock, ``settle`` admits waiting
+branches into free slots, fails the step on a failure under ``join: all`` (the parent's end
+then cancels the other branches), or, once every branch has ended, completes the step with
+their outputs and moves the parent on. The step's ``parked -> completed`` transition is the
+compare-and-set on the join: of two writers that settle the last branches at once, one moves
+the run and the other finds the step no longer parked. The sweeper settles every parent
+parked on branches at each pass, so a hand-off lost with its process is sent again.
+
+Locks: a branch run's transactions lock the branch and never its parent; ``settle`` locks the
+parent, then the branches it admits; the parent's end locks only the parent and returns its
+live branches to end after commit (``Followups.ends``), so no two writers wait on each other.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from orchestration import (
+    bounds,
+    chains,
+    closing,
+    deadlines,
+    effects,
+    specs,
+    step_specs,
+    templating,
+    workflows,
+)
+from orchestration.errors import LimitExceeded, ValidationError
+from orchestration.execution import finishing, parking
+from orchestration.execution.entry import Entry
+from orchestration.execution.outcomes import Halt, Outcome
+from orchestration.execution.rows import fail
+from orchestration.followups import ChainPlan, Done, Followups
+from orchestration.launching import idempotency_key
+from orchestration.models import Run, RunEvent, Step
+from orchestration.settings import Settings
+from orchestration.states import (
+    RUN_LIVE,
+    RUN_TERMINAL,
+    ClaimState,
+    Join,
+    ParkReason,
+    RunStatus,
+    StepStatus,
+    StopReason,
+)
+from orchestration.step_specs import StepSpec
+from orchestration.transitions import lock_run, touch_run, transition_run, transition_step
+
+_SETTLED = effects.Progress(settled=True, exhausted=[], next_due=None)
+_LIVE = [status.value for status in RUN_LIVE]
+
+
+def limit(spec: StepSpec, settings: Settings) -> int:
+    """Branches of ``spec`` running at once."""
+    return min(
+        spec.branch_limit or settings.max_branch_concurrency, settings.max_branch_concurrency
+    )
+
+
+def expand(
+    session: Session, settings: Settings, run_id: str, entry: Entry, context: dict[str, Any],
+    now: datetime,
+) -> Done[Outcome]:  # fmt: skip
+    """Write the step's branch runs, send the first ``max_concurrency`` and park the parent;
+    fail the run clearly if the items are not a list or are over their bounds."""
+    spec = entry.spec
+    try:
+        branches = _branches(spec, context, settings)
+        made = session.scalar(
+            select(func.count()).select_from(Run).where(Run.parent_run_id == run_id)
+        )
+        if (made or 0) + len(branches) > settings.max_branches_per_run:
+            raise LimitExceeded(
+                f"steps.{spec.id}",
+                f"{(made or 0) + len(branches)} branches in the run is over the limit of "
+                f"{settings.max_branches_per_run} (ORCH_MAX_BRANCHES_PER_RUN)",
+            )
+    except LimitExceeded as exc:
+        return Done(
+            Halt("branches over their bound"),
+            fail(session, settings, run_id, f"step {spec.id}: {exc}", now, over=True),
+        )
+    except ValidationError as exc:
+        return Done(
+            Halt("branches could not be made"),
+            fail(session, settings, run_id, f"step {spec.id}: {exc}", now),
+        )
+    step = session.get(Step, entry.step.pk, populate_existing=True)
+    assert step is not None
+    items = [item for _, _, item in branches] if spec.for_each is not None else None
+    transition_step(
+        session, step, StepStatus.RUNNING, cause=f"{len(branches)} branches starting", now=now,
+        values={"input": items if items is not None else [key for key, _, _ in branches]},
+        seen=StepStatus.PENDING,
+    )  # fmt: skip
+    if entry.run_status is RunStatus.QUEUED:
+        transition_run(
+            session, run_id, RunStatus.RUNNING, cause="first step starting", now=now,
+            seen=RunStatus.QUEUED,
+        )  # fmt: skip
+    run = session.get(Run, run_id, populate_existing=True)
+    assert run is not None
+    if not branches:
+        # An empty for_each has nothing to wait for: its output is the empty list.
+        return Done(Halt("no branches"), _join(session, settings, run, step, spec, [], now))
+    parking.park(session, settings, run, step, ParkReason.BRANCHES, now)
+    slots = limit(spec, settings)
+    plans = [
+        _write_branch(
+            session, settings, run, spec, index, key, branch, item, now, admit=index < slots
+        )
+        for index, (key, branch, item) in enumerate(branches)
+    ]
+    return Done(
+        Halt("waiting for branches"),
+        Followups(chains=tuple(plan for plan in plans if plan is not None)),
+    )
+
+
+_NO_ITEM = object()
+
+
+def _branches(
+    spec: StepSpec, context: dict[str, Any], settings: Settings
+) -> list[tuple[str, StepSpec, Any]]:
+    """``(key, step, item)`` per branch, in branch order."""
+    if spec.parallel is not None:
+        return [(branch.id, branch, _NO_ITEM) for branch in spec.parallel.steps]
+    assert spec.step is not None
+    field = f"steps.{spec.id}.for_each"
+    items = workflows.items_of(
+        templating.render(spec.for_each, context, field, limit=settings.max_output_bytes),
+        field,
+        settings,
+    )
+    return [(str(index), spec.step, item) for index, item in enumerate(items)]
+
+
+def _write_branch(
+    session: Session, settings: Settings, parent: Run, spec: StepSpec, index: int, key: str,
+    branch: StepSpec, item: Any, now: datetime, *, admit: bool,
+) -> ChainPlan | None:  # fmt: skip
+    """Insert one branch run and its step; return its first segment if it is admitted now."""
+    run_id = uuid.uuid4().hex
+    only = step_specs.canonical_step(branch)
+    definition = {"name": f"{parent.workflow_name}/{spec.id}"[:200], "steps": [only]}
+    plan = chains.plan_chain(run_id, 0, 1) if admit else None
+    session.add(
+        Run(
+            id=run_id,
+            owner=parent.owner,
+            request_id=f"{parent.id}.{parent.current_step}.{index}",
+            fingerprint=workflows.fingerprint(definition, parent.args, {"item": item})
+            if item is not _NO_ITEM
+            else workflows.fingerprint(definition, parent.args),
+            workflow_name=definition["name"],
+            workflow=definition,
+            args=parent.args,
+            status=RunStatus.QUEUED.value,
+            created_at=now,
+            updated_at=now,
+            heartbeat_at=now,
+            # Admitted: its heartbeat's deadline; waiting for a slot: its parent's, which ends
+            # it if nothing else does.
+            deadline_at=deadlines.compute(settings, RunStatus.QUEUED, heartbeat_at=now)
+            if admit
+            else parent.deadline_at,
+            task_ids=plan.task_ids if plan else [],
+            current_step=0,
+            rearms=0,
+            claim=None if admit else ClaimState.SLOT.value,
+            needs_review=False,
+            parent_run_id=parent.id,
+            parent_step=parent.current_step,
+            branch=index,
+            branch_key=key,
+            branch_context=None if item is _NO_ITEM else {"item": item, "index": index},
+        )
+    )
+    session.add(
+        Step(
+            run_id=run_id,
+            index=0,
+            step_id=branch.id,
+            provider=step_specs.provider_column(only),
+            status=StepStatus.PENDING.value,
+            attempt=1,
+            idempotency_key=idempotency_key(run_id, branch.id, 1),
+            polls=0,
+            celery_task_id=plan.links[0].task_id if plan else None,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    session.add(
+        RunEvent(
+            run_id=run_id,
+            from_status=None,
+            to_status=RunStatus.QUEUED.value,
+            cause=f"branch {key} of step {spec.id} of run {parent.id}"
+            + ("" if admit else "; waiting for a slot"),
+            at=now,
+        )
+    )
+    specs.remember(run_id, (branch,))
+    return plan
+
+
+def settle(
+    session: Session, settings: Settings, run_id: str, index: int, now: datetime
+) -> Done[bool]:
+    """Move branching step ``index`` of ``run_id`` on as its branches stand: admit waiting
+    branches into free slots, fail it (``join: all``, or every branch ended under
+    ``all_settled``), or complete it. ``False`` when there was nothing to do."""
+    if not lock_run(session, run_id, now):
+        return Done(False)
+    run = session.get(Run, run_id, populate_existing=True)
+    assert run is not None
+    waiting_here = (
+        run.status == RunStatus.PARKED
+        and run.park_reason == ParkReason.BRANCHES
+        and run.current_step == index
+        and run.cancel_requested_at is None
+    )
+    step = session.scalars(
+        select(Step)
+        .where(Step.run_id == run_id, Step.index == index)
+        .execution_options(populate_existing=True)
+    ).first()
+    if not waiting_here or step is None or step.status != StepStatus.PARKED:
+        return Done(False)
+    spec = specs.of_run(session, run_id)[index]
+    branches = of_step(session, run_id, index)
+    live = [branch for branch in branches if branch.status not in RUN_TERMINAL]
+    failed = [b for b in branches if b.status in RUN_TERMINAL and b.status != RunStatus.COMPLETED]
+    if failed and (spec.branch_join is Join.ALL or not live):
+        return Done(True, _fail(session, settings, run, step, spec, failed, len(branches), now))
+    if not live:
+        return Done(True, _join(session, settings, run, step, spec, branches, now))
+    running = sum(1 for branch in live if branch.claim != ClaimState.SLOT)
+    free = limit(spec, settings) - running
+    then = Followups()
+    for branch in [b for b in live if b.claim == ClaimState.SLOT][: max(0, free)]:
+        then += admit(session, settings, branch.id, now)
+    return Done(bool(then), then)
+
+
+def of_step(session: Session, run_id: str, index: int) -> list[Any]:
+    """The branch runs of step ``index``, in branch order, with their step's columns."""
+    return list(
+        session.execute(
+            select(
+                Run.id,
+                Run.branch,
+                Run.branch_key,
+                Run.status,
+                Run.claim,
+                Run.result,
+                Run.error,
+                Run.stop_reason,
+                Step.attempt,
+                Step.provider_run_id,
+            )
+            .join(Step, (Step.run_id == Run.id) & (Step.index == 0))
+            .where(Run.parent_run_id == run_id, Run.parent_step == index)
+            .order_by(Run.branch)
+        ).all()
+    )
+
+
+def listed(session: Session, run_id: str) -> dict[int, list[dict[str, Any]]]:
+    """The branches of each branching step of ``run_id``, as its record lists them."""
+    if not any(spec.branching for spec in specs.of_run(session, run_id)):
+        return {}
+    rows = session.execute(
+        select(
+            Run.parent_step, Run.branch, Run.branch_key, Run.id, Run.status, Run.result,
+            Run.error, Step.attempt, Step.provider_run_id, Step.output,
+        )
+        .join(Step, (Step.run_id == Run.id) & (Step.index == 0))
+        .where(Run.parent_run_id == run_id)
+        .order_by(Run.parent_step, Run.branch)
+    ).all()  # fmt: skip
+    listed: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        listed.setdefault(row.parent_step, []).append(
+            {
+                "id": row.branch_key, "index": row.branch, "run_id": row.id,
+                "status": row.status.value, "attempt": row.attempt, "output": row.output,
+                "error": row.error, "provider_run_id": row.provider_run_id,
+            }
+        )  # fmt: skip
+    return listed
+
+
+def admit(session: Session, settings: Settings, run_id: str, now: datetime) -> Followups:
+    """Give a waiting branch run its slot and its first segment."""
+    if not touch_run(session, run_id, now, claim=None):
+        return Followups()
+    branch = session.get(Run, run_id, populate_existing=True)
+    assert branch is not None
+    return chains.arm(session, settings, branch, now=now)
+
+
+def _join(
+    session: Session, settings: Settings, run: Run, step: Step, spec: StepSpec,
+    branches: list[Any], now: datetime,
+) -> Followups:  # fmt: skip
+    """Every branch completed: the step's output is theirs, as a list in item order
+    (``for_each``) or a map by step id (``parallel``)."""
+    output: Any
+    if spec.parallel is not None:
+        output = {branch.branch_key: branch.result for branch in branches}
+    else:
+        output = [branch.result for branch in branches]
+    too_big = bounds.over(output, settings.max_output_bytes, "the output", "ORCH_MAX_OUTPUT_BYTES")
+    if too_big:
+        return fail(session, settings, run.id, f"step {spec.id}: {too_big}", now, over=True)
+    parking.unpark(session, run, step, now)
+    return finishing.complete(
+        session, settings, run, step, output, _SETTLED, now,
+        steps=len(specs.of_run(session, run.id)), chained=False, values={"output": output},
+    ).then  # fmt: skip
+
+
+def _fail(
+    session: Session, settings: Settings, run: Run, step: Step, spec: StepSpec,
+    failed: list[Any], count: int, now: datetime,
+) -> Followups:  # fmt: skip
+    first = failed[0]
+    why = first.error or first.stop_reason or first.status
+    error = f"branch {first.branch_key} (run {first.id}) ended {first.status}: {why}"
+    if len(failed) > 1:
+        error += f"; {len(failed)} of {count} branches did not complete"
+    return closing.end_run(
+        session, settings, run.id, RunStatus.FAILED, stop_reason=StopReason.STEP_FAILED,
+        cause=f"step {spec.id}: branch {first.branch_key} ended {first.status}", now=now,
+        error=f"step {spec.id}: {bounds.error_text(error, settings)}",
+        step_error=bounds.error_text(error, settings),
+    )  # fmt: skip
+
+
+def end_orphan(session: Session, settings: Settings, run_id: str, now: datetime) -> Done[bool]:
+    """End a live branch run whose parent has ended (the parent's end hands each one here
+    after its commit; the sweeper does it for a hand-off that was lost)."""
+    if not lock_run(session, run_id, now):
+        return Done(False)
+    parent_status = session.scalar(
+        select(Run.status).where(
+            Run.id == select(Run.parent_run_id).where(Run.id == run_id).scalar_subquery()
+        )
+    )
+    if parent_status is None or parent_status not in RUN_TERMINAL:
+        return Done(False)
+    then = closing.end_run(
+        session, settings, run_id, RunStatus.CANCELLED, stop_reason=StopReason.PARENT_ENDED,
+        cause=f"its parent run ended {parent_status}", now=now,
+    )  # fmt: skip
+    # The parent has ended: there is nothing to settle.
+    return Done(True, Followups(then.chains, then.revoke, then.stops, then.ends))
