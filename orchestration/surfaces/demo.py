@@ -4,7 +4,8 @@ It starts an embedded broker, uses SQLite in a temporary folder, starts a real p
 process, launches the example workflow (whose first step settles at ``idle``), shows progress
 live, cancels a second run mid-flight, prints both final records, and shuts everything down
 in order (worker, then broker), leaving no process and no temporary folder behind, also
-when it fails or is interrupted.
+when it fails or is interrupted. With ``--example NAME`` it runs ``examples/NAME.yaml``
+instead, with that example's args, approving its approval steps as the demo owner.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -40,6 +43,12 @@ DEMO_SETTINGS = {
     "ORCH_SWEEP_INTERVAL": "5",
     "ORCH_OWNER": "demo",
 }
+#: The args each example that takes any is run with.
+EXAMPLE_ARGS: dict[str, dict[str, Any]] = {
+    "research": {"topic": "octopuses"},
+    "publish": {"topic": "tides"},
+    "shapes": {"topics": ["tides", "octopuses", "kelp"]},
+}
 
 
 def _table(records: list[RunRecord]) -> Table:
@@ -58,11 +67,19 @@ def _table(records: list[RunRecord]) -> Table:
     return table
 
 
-def run_demo(console: Console) -> int:
-    """Run the demo; return 0 when the first run completed and the second was cancelled."""
+def examples() -> list[str]:
+    """The example workflows ``--example`` can run."""
+    return sorted(path.stem for path in EXAMPLES.glob("*.yaml") if path.stem != "endless")
+
+
+def run_demo(console: Console, example: str | None = None) -> int:
+    """Run the demo (or ``example``); return 0 when it ended as it should."""
     folder = Path(tempfile.mkdtemp(prefix="orchestration-demo-"))
     try:
-        return _run(console, folder)
+        with _engine(console, folder) as orch:
+            if example is None:
+                return _pair(console, orch)
+            return _example(console, orch, example)
     finally:
         # The folder holds only this demo's database and worker log; the engines that keep
         # its SQLite files open go first.
@@ -70,7 +87,9 @@ def run_demo(console: Console) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run(console: Console, folder: Path) -> int:
+@contextlib.contextmanager
+def _engine(console: Console, folder: Path) -> Iterator[Any]:
+    """An embedded broker, a SQLite database and a real worker, stopped in order."""
     from orchestration.service import Orchestrator
 
     with EmbeddedBroker() as broker:
@@ -89,16 +108,20 @@ def _run(console: Console, folder: Path) -> int:
         try:
             worker.wait_for_log("ready.", timeout=60)
             console.print(f"[bold]worker[/] pid {worker.pid} ready (prefork, 2 processes)")
-            orch = Orchestrator(settings, client_queue(settings))
-            first = orch.launch(
-                load_file(EXAMPLES / "research.yaml"), {"topic": "octopuses"}, owner="demo"
-            )
-            second = orch.launch(load_file(EXAMPLES / "endless.yaml"), owner="demo")
-            cancel_seconds = _watch(console, orch, first.id, second.id)
-            first = orch.get(first.id, owner="demo")
-            second = orch.get(second.id, owner="demo")
+            yield Orchestrator(settings, client_queue(settings))
         finally:
             worker.stop()
+
+
+def _pair(console: Console, orch: Any) -> int:
+    """One run completes (its first step settles at ``idle``), one is cancelled mid-flight."""
+    first = orch.launch(
+        load_file(EXAMPLES / "research.yaml"), EXAMPLE_ARGS["research"], owner="demo"
+    )
+    second = orch.launch(load_file(EXAMPLES / "endless.yaml"), owner="demo")
+    cancel_seconds = _watch(console, orch, first.id, second.id)
+    first = orch.get(first.id, owner="demo")
+    second = orch.get(second.id, owner="demo")
     console.rule("final records")
     display.show(console, first)
     display.show(console, second)
@@ -106,6 +129,50 @@ def _run(console: Console, folder: Path) -> int:
     ok = first.status == RunStatus.COMPLETED and second.status == RunStatus.CANCELLED
     console.print("[green]demo passed[/]" if ok else "[red]demo failed[/]")
     return 0 if ok else 1
+
+
+def _example(console: Console, orch: Any, name: str) -> int:
+    """Run one example to its end, approving each approval step as the demo owner."""
+    run = orch.launch(load_file(EXAMPLES / f"{name}.yaml"), EXAMPLE_ARGS.get(name), owner="demo")
+    deadline = time.monotonic() + 120
+    seen = ""
+    while time.monotonic() < deadline:
+        record = orch.get(run.id, owner="demo")
+        if RunStatus(record.status) in RUN_TERMINAL:
+            break
+        step = record.steps[min(record.current_step, len(record.steps) - 1)]
+        line = _progress(orch, record, step)
+        if line != seen:
+            console.print(line)
+            seen = line
+        if record.park_reason == "approval":
+            console.print(f"approving step {step.step_id!r} as the demo owner")
+            orch.approve(run.id, step.step_id, owner="demo", comment="approved by the demo")
+        time.sleep(0.2)
+    record = orch.get(run.id, owner="demo")
+    console.rule("final record")
+    display.show(console, record)
+    ok = record.status == RunStatus.COMPLETED
+    console.print("[green]demo passed[/]" if ok else "[red]demo failed[/]")
+    return 0 if ok else 1
+
+
+def _progress(orch: Any, record: RunRecord, step: Any) -> str:
+    """One line: the run's step and, for a branching step, where each branch is."""
+    line = f"{record.status:<9} step {step.step_id} ({step.status}, attempt {step.attempt})"
+    if step.branches:
+        line += "; branches: " + ", ".join(
+            f"{branch['id']}={_branch_status(orch, branch)}" for branch in step.branches
+        )
+    return line
+
+
+def _branch_status(orch: Any, branch: dict[str, Any]) -> str:
+    record = orch.get(branch["run_id"], owner="demo")
+    if record.claim == "slot":
+        return "waiting for a slot"
+    attempt = record.steps[0].attempt
+    return str(record.status) + (f" (attempt {attempt})" if attempt > 1 else "")
 
 
 def _watch(console: Console, orch: object, first_id: str, second_id: str) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestration.records import RunRecord
@@ -29,6 +30,10 @@ def styled(status: str) -> str:
     return f"[{_STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
+def _short(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)[:60] if value is not None else "-"
+
+
 def show(console: Console, record: RunRecord) -> None:
     """The run, its stop, its result and deadline, and a table of its steps."""
     console.print(
@@ -43,6 +48,11 @@ def show(console: Console, record: RunRecord) -> None:
         console.print(f"  result: {json.dumps(record.result, ensure_ascii=False)[:500]}")
     deadline = record.deadline_at.isoformat(timespec="seconds") if record.deadline_at else "-"
     console.print(f"  deadline_at: {deadline}")
+    if record.parent_run_id is not None:
+        console.print(
+            f"  branch {record.branch_key} of run {record.parent_run_id} "
+            f"(step {record.parent_step})"
+        )
     table = Table("step", "provider", "status", "attempt", "polls", "provider says", "output")
     for step in record.steps:
         table.add_row(
@@ -52,8 +62,18 @@ def show(console: Console, record: RunRecord) -> None:
             str(step.attempt),
             str(step.polls),
             step.last_provider_status or "-",
-            json.dumps(step.output, ensure_ascii=False)[:60] if step.output is not None else "-",
+            _short(step.output),
         )
+        for branch in step.branches or []:
+            table.add_row(
+                escape(f"  [{branch['id']}]"),
+                f"run {branch['run_id'][:12]}",
+                styled(branch["status"]),
+                str(branch["attempt"]),
+                "",
+                "",
+                _short(branch["output"]),
+            )
     console.print(table)
     for step in record.steps:
         for ended in step.past_attempts:

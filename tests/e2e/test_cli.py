@@ -180,6 +180,27 @@ def test_the_demo_piped_prints_clean_lines_and_leaves_no_folder(tmp_path: Path) 
     assert not list(tmp_path.glob("orchestration-demo-*"))
 
 
+def test_the_shapes_example_runs_from_the_demo_with_branches_a_retry_and_an_approval(
+    tmp_path: Path,
+) -> None:
+    env = {**_without_orch(dict(os.environ)), "TMPDIR": str(tmp_path), "COLUMNS": "140"}
+    result = subprocess.run(
+        [CLI, "demo", "--example", "shapes"],
+        env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "2=waiting for a slot" in out  # max_concurrency 2 held the third topic back
+    assert "short=running (attempt 2)" in out or "short=completed" in out
+    assert "approving step 'review' as the demo owner" in out
+    assert '"decision": "approved"' in out and "[short]" in out and "[2]" in out
+    assert not list(tmp_path.glob("orchestration-demo-*"))
+    unknown = subprocess.run(
+        [CLI, "demo", "--example", "nope"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert unknown.returncode == 2 and "known: publish, research, shapes" in unknown.stderr
+
+
 def test_an_interrupted_demo_leaves_no_folder(tmp_path: Path) -> None:
     env = {**_without_orch(dict(os.environ)), "TMPDIR": str(tmp_path)}
     demo = subprocess.Popen(
