@@ -256,12 +256,19 @@ class Audit:
         self.net_lateness: list[float] = []
 
     # -- helpers ----------------------------------------------------------------------------
+    def _scenario_of(self, run: Any) -> str:
+        """The scenario a run was launched for; a branch run's is its parent's, marked."""
+        if run.parent_run_id is not None:
+            parent = self.runs.get(run.parent_run_id)
+            return f"{self._scenario_of(parent) if parent else '?'} (branch runs)"
+        return self.scenario.get(run.request_id, "?")
+
     def _violation(self, figure: str, run_id: str | None, detail: str) -> None:
         entry: dict[str, Any] = {"figure": figure, "run_id": run_id, "detail": detail}
         run = self.runs.get(run_id) if run_id else None
         if run is not None and run_id is not None:
             entry["label"] = run.request_id
-            entry["scenario"] = self.scenario.get(run.request_id, "?")
+            entry["scenario"] = self._scenario_of(run)
             entry["status"] = f"{run.status}/{run.stop_reason}"
             entry["journal"] = [
                 f"{e.at.isoformat()} {e.step_id or 'run'}: {e.from_status} -> {e.to_status} "
@@ -544,13 +551,17 @@ class Audit:
 
     def _stop_moments(self) -> dict[str, tuple[float, str]]:
         """For each run, the first moment after which no turn may start at all, and why: the
-        moment a cancel call returned (invariant 2)."""
+        moment a cancel call returned (invariant 2); for a branch run, its parent's."""
         moments: dict[str, tuple[float, str]] = {}
         for call in self.records.cancels:
             if call.returned is not None and call.status is not None:
                 moment = call.returned
                 if call.run_id not in moments or moment < moments[call.run_id][0]:
                     moments[call.run_id] = (moment, f"a {call.kind} cancel returned")
+        for run_id, run in self.runs.items():
+            parent = moments.get(run.parent_run_id) if run.parent_run_id else None
+            if parent is not None and (run_id not in moments or parent[0] < moments[run_id][0]):
+                moments[run_id] = (parent[0], f"{parent[1]} (on its parent)")
         return moments
 
     def _end_moments(self) -> dict[str, tuple[float, str]]:
@@ -653,7 +664,7 @@ class Audit:
         by_status = Counter(f"{run.status}/{run.stop_reason}" for run in self.runs.values())
         by_scenario: dict[str, Counter[str]] = defaultdict(Counter)
         for run in self.runs.values():
-            by_scenario[self.scenario.get(run.request_id, "?")][run.status] += 1
+            by_scenario[self._scenario_of(run)][run.status] += 1
         return {
             "by_status": dict(sorted(by_status.items())),
             "by_scenario": {k: dict(v) for k, v in sorted(by_scenario.items())},

@@ -1,11 +1,11 @@
 """The population of runs a chaos run launches: scenarios, and a seeded plan of them.
 
 Each scenario is a workflow of ``scripted`` steps (a real provider whose turns are rows in the
-database), retried steps and approval steps, plus what the driver does to the run after
-launch: answer its human park, decide its approval, cancel it
-(a storm of concurrent cancels, a graceful cancel, a cancel timed against the last step's
-completion), or send its chain again mid-run. Every step has a ``timeout``, so every run has an
-end even if nobody acts: the drain phase can wait for all of them.
+database), retried steps, approval steps and branching steps (``for_each``, ``parallel``),
+plus what the driver does to the run after launch: answer its human park, decide its
+approval, cancel it (a storm of concurrent cancels, a graceful cancel, a cancel timed against
+the last step's completion), or send its chain again mid-run. Every step has a ``timeout``, so
+every run has an end even if nobody acts: the drain phase can wait for all of them.
 
 The seed fixes the plan (which runs, their scripts, launch offsets and follow-ups) and the fault
 plan; it cannot fix the interleaving of processes, so it reproduces a chaos run, not a trace.
@@ -40,6 +40,9 @@ WEIGHTS: dict[str, int] = {
     "retry_rate_limited": 3,
     "approval_approved": 4,
     "approval_expired": 3,
+    "branches_joined": 4,
+    "branches_fail_fast": 3,
+    "branches_cancelled": 3,
 }
 
 #: Every step ends by this many seconds after it starts, whatever its script says.
@@ -184,6 +187,8 @@ def workflow_for(scenario: str, rng: random.Random) -> tuple[dict[str, Any], str
         return _flow(scenario, first, last), "completed|cancelled"
     if scenario.startswith("retry_"):
         return _retrying(scenario, rng)
+    if scenario.startswith("branches_"):
+        return _branching(scenario, rng)
     if scenario.startswith("approval_"):
         approved = scenario == "approval_approved"
         review = {
@@ -219,6 +224,29 @@ def _retrying(scenario: str, rng: random.Random) -> tuple[dict[str, Any], str]:
     }
     step = _step("s1", [_running(rng, 0.2, 0.8), ["completed"]], rng, **{"with": limited})
     return _flow(scenario, {**step, "retry": {**retry, "on": ["rate_limited"]}}), "completed"
+
+
+def _branching(scenario: str, rng: random.Random) -> tuple[dict[str, Any], str]:
+    """Branch runs: a for_each admitted two or three at a time and joined, a parallel step
+    whose failing branch cancels its sibling (``join: all``), and a fan-out cancelled while
+    its branches run (a branch started after the cancel counts as an extra turn)."""
+    if scenario == "branches_fail_fast":
+        bad = _step("bad", [_running(rng, 0.3, 1.5), ["failed"]], rng, **{"with": {"error": "no"}})
+        slow = _step("slow", [["running"]], rng, timeout=MAX_STEP_TIMEOUT)
+        fan = {"id": "drafts", "parallel": {"join": "all", "steps": [bad, slow]}}
+        return _flow(scenario, fan), "failed"
+    cancelled = scenario == "branches_cancelled"
+    states = [["running"]] if cancelled else [_running(rng, 0.2, 1.2), ["completed"]]
+    branch = _step("research", states, rng, task="research {{ item }}")
+    branch.pop("id")  # a for_each's branch is named by its step
+    fan = {
+        "id": "research",
+        "for_each": [f"topic-{n}" for n in range(rng.randint(3, 6))],
+        "max_concurrency": rng.choice([2, 3]),
+        "step": branch,
+    }
+    last = _step("s2", [["completed"]], rng, task={"notes": "{{ steps.research.output }}"})
+    return _flow(scenario, fan, last), "cancelled" if cancelled else "completed"
 
 
 def _keyed_group(rng: random.Random, label: str, owner: str, at: float) -> list[RunPlan]:
@@ -282,7 +310,7 @@ def plan_population(rng: random.Random, runs: int, window: float, owners: int = 
             plan.args = {"what": label}
         elif scenario == "approval_expired":
             plan.args = {"what": label}
-        elif scenario == "cancel_storm":
+        elif scenario in ("cancel_storm", "branches_cancelled"):
             plan.follow_up, plan.follow_at = "storm", round(rng.uniform(0.5, 4.0), 2)
         elif scenario == "graceful_cancel":
             plan.follow_up, plan.follow_at = "graceful", round(rng.uniform(1.0, 3.0), 2)

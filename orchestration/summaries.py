@@ -165,7 +165,10 @@ def health_expression(settings: Settings, now: datetime) -> ColumnElement[str]:
         (and_(parked, or_(park_expired, polled_park_dead)), literal(Health.STALLED.value)),
         (parked, literal(Health.WAITING.value)),
         (
-            and_(Run.status == RunStatus.QUEUED.value, Run.claim == ClaimState.QUEUED.value),
+            and_(
+                Run.status == RunStatus.QUEUED.value,
+                Run.claim.in_([ClaimState.QUEUED.value, ClaimState.SLOT.value]),
+            ),
             literal(Health.WAITING.value),
         ),
         (heartbeat_dead, literal(Health.STALLED.value)),

@@ -150,6 +150,11 @@ def test_max_concurrency_admits_branches_only_as_slots_free(world: World) -> Non
     assert (record.status, record.park_reason) == ("parked", "branches")
     claims = [world.record(b["run_id"]).claim for b in record.steps[0].branches]
     assert claims == [None, None, "slot", "slot", "slot"]
+    waiting = {summary.id for summary in world.orch.list(owner=OWNER, health="waiting")}
+    slots = {b["run_id"] for b in record.steps[0].branches[2:]}
+    assert slots | {run_id} <= waiting  # the parent and the branches waiting for a slot
+    said = world.orch.explain(record.steps[0].branches[2]["run_id"], owner=OWNER)
+    assert "waits for a slot of its step's max_concurrency" in said["why"]
     assert len(world.queue.chains) == 1 + 2  # the run's own segment, two branches
     world.pump()
     assert world.record(run_id).status == "completed"
