@@ -233,10 +233,12 @@ def _branching(scenario: str, rng: random.Random) -> tuple[dict[str, Any], str]:
     if scenario == "branches_fail_fast":
         bad = _step("bad", [_running(rng, 0.3, 1.5), ["failed"]], rng, **{"with": {"error": "no"}})
         slow = _step("slow", [["running"]], rng, timeout=MAX_STEP_TIMEOUT)
-        fan = {"id": "drafts", "parallel": {"join": "all", "steps": [bad, slow]}}
+        fan: dict[str, Any] = {"id": "drafts", "parallel": {"join": "all", "steps": [bad, slow]}}
         return _flow(scenario, fan), "failed"
     cancelled = scenario == "branches_cancelled"
-    states = [["running"]] if cancelled else [_running(rng, 0.2, 1.2), ["completed"]]
+    states: list[list[Any]] = (
+        [["running"]] if cancelled else [_running(rng, 0.2, 1.2), ["completed"]]
+    )
     branch = _step("research", states, rng, task="research {{ item }}")
     branch.pop("id")  # a for_each's branch is named by its step
     fan = {
