@@ -1,6 +1,7 @@
-"""Retries and approvals over real HTTP (issue 12): the run JSON lists every attempt with its
-error and the run page shows them; an approval is decided once through its route, and the run
-page offers its buttons."""
+"""Retries, approvals and branches over real HTTP (issue 12): the run JSON lists every attempt
+with its error and the run page shows them; an approval is decided once through its route, and
+the run page offers its buttons; a fan-out lists its branches, and its page and a branch's link
+to each other."""
 
 from __future__ import annotations
 
@@ -66,3 +67,44 @@ def test_an_approval_is_decided_once_through_its_route(
     assert record["steps"][0]["output"]["comment"] == "not today"
     assert again.status_code == 409, again.text
     assert "not waiting for a decision" in again.text
+
+
+def test_the_run_json_lists_branches_and_the_pages_link_parent_and_branch(
+    api: ApiServer, worker: ManagedProcess, token: str
+) -> None:
+    branch = scripted([["completed"]])["steps"][0]
+    branch.pop("id")
+    branch["task"] = "about {{ item }}"
+    flow = {
+        "name": "fan",
+        "steps": [
+            {"id": "fan", "for_each": "{{ args.items }}", "max_concurrency": 1, "step": branch}
+        ],
+    }
+    with api.client(token) as client:
+        created = client.post("/runs", json={"workflow": flow, "args": {"items": ["a", "b"]}})
+        assert created.status_code == 201, created.text
+        run_id = created.json()["id"]
+        done = wait_for(
+            lambda: (r := client.get(f"/runs/{run_id}").json())["status"] == "completed" and r,
+            30,
+            interval=0.1,
+            what="the fan-out completed",
+        )
+        branches = done["steps"][0]["branches"]
+        page = client.get(f"/dashboard/runs/{run_id}")
+        child = client.get(f"/runs/{branches[1]['run_id']}").json()
+        child_page = client.get(f"/dashboard/runs/{branches[1]['run_id']}")
+        refused = client.post("/runs", json={"workflow": flow, "args": {"items": "a"}})
+    assert done["result"] == ["about a", "about b"]
+    assert [(b["id"], b["index"], b["status"], b["output"]) for b in branches] == [
+        ("0", 0, "completed", "about a"),
+        ("1", 1, "completed", "about b"),
+    ]
+    assert (child["parent_run_id"], child["parent_step"], child["branch_key"]) == (run_id, 0, "1")
+    assert (
+        page.status_code == 200 and f'href="/dashboard/runs/{branches[0]["run_id"]}"' in page.text
+    )
+    assert f'href="/dashboard/runs/{run_id}"' in child_page.text
+    assert refused.status_code == 400, refused.text
+    assert "for_each: must be a JSON list" in refused.text
