@@ -26,7 +26,7 @@ from orchestration.errors import IllegalTransition
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
 from orchestration.settings import MARGIN_SECONDS, Settings
-from orchestration.states import RUN_LIVE, RUN_TERMINAL, STEP_LIVE, RunStatus, StopReason
+from orchestration.states import RUN_TERMINAL, STEP_LIVE, RunStatus, StopReason
 from orchestration.transitions import touch_run, transition_run
 
 #: How often ``cancel`` looks whether a provider start in flight has ended (seconds).
@@ -42,7 +42,7 @@ def request(transact: Transact, settings: Settings, run_id: str, *, now: datetim
     """
     if not transact(lambda session: Done(_record_request(session, settings, run_id, now, by))):
         return False
-    branches = transact(lambda session: Done(_live_branches(session, run_id)))
+    branches = transact(lambda session: Done(closing.live_branches(session, run_id)))
     for branch in branches:
         transact(functools.partial(_request_branch, settings, branch, now, by))
     for run in (run_id, *branches):
@@ -54,16 +54,6 @@ def _request_branch(
     settings: Settings, run_id: str, now: datetime, by: str, session: Session
 ) -> Done[bool]:
     return Done(_record_request(session, settings, run_id, now, f"{by}, with its parent"))
-
-
-def _live_branches(session: Session, run_id: str) -> list[str]:
-    return list(
-        session.scalars(
-            select(Run.id)
-            .where(Run.parent_run_id == run_id, Run.status.in_([s.value for s in RUN_LIVE]))
-            .order_by(Run.parent_step, Run.branch)
-        )
-    )
 
 
 def _record_request(
@@ -118,7 +108,7 @@ def finish(
     false when the caller is the run's own step task. Returns ``False`` when another writer
     ended the run first (that writer's end stands).
     """
-    for branch in transact(lambda session: Done(_live_branches(session, run_id))):
+    for branch in transact(lambda session: Done(closing.live_branches(session, run_id))):
         finish(
             transact, settings, branch, now=now, stop_reason=StopReason.PARENT_ENDED,
             cause=f"{cause} (its parent run)", revoke=True, lock_timeout=lock_timeout,

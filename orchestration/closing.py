@@ -5,7 +5,8 @@ claim all end a run through :func:`end_run`, in the caller's transaction. It mov
 its unfinished steps to their terminal statuses, records a stop for each provider turn that
 may be live, passes the concurrency key to the next queued run, and returns what has to
 happen after commit: the run's tasks revoked, the pending stops handed to the stop task, the
-promoted run's first segment sent. No path can forget one of them.
+promoted run's first segment sent, its live branch runs ended, and (for a branch run) its
+parent's branching step settled. No path can forget one of them.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def end_run(
         stops=tuple(
             (s.turn.run_id, s.turn.index) for s in tried if s.status is TurnStopStatus.PENDING
         ),
-        ends=_live_branches(session, run_id),
+        ends=live_branches(session, run_id),
         joins=((run.parent_run_id, run.parent_step),)
         if run.parent_run_id is not None and run.parent_step is not None
         else (),
@@ -121,9 +122,9 @@ def end_run(
     return then
 
 
-def _live_branches(session: Session, run_id: str) -> tuple[str, ...]:
-    """The branch runs still live under a run that is ending (only a run with a branching
-    step can have any; its specs are cached, so other runs pay no query)."""
+def live_branches(session: Session, run_id: str) -> tuple[str, ...]:
+    """The branch runs still live under ``run_id``, in branch order (only a run with a
+    branching step can have any; its specs are cached, so other runs pay no query)."""
     if not any(spec.branching for spec in specs.of_run(session, run_id)):
         return ()
     return tuple(

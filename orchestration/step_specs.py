@@ -279,11 +279,3 @@ def _canonical(step: dict[str, Any]) -> dict[str, Any]:
 def canonical_step(step: StepSpec) -> dict[str, Any]:
     """One step as the canonical dict stores it (a branch run's only step)."""
     return _canonical(step.model_dump(mode="json", by_alias=True))
-
-
-def branch_specs(step: StepSpec) -> tuple[StepSpec, ...]:
-    """The step specs a branching step's branches can run (one for a ``for_each``)."""
-    if step.parallel is not None:
-        return tuple(step.parallel.steps)
-    assert step.step is not None
-    return (step.step,)

@@ -52,7 +52,6 @@ from orchestration.launching import idempotency_key
 from orchestration.models import Run, RunEvent, Step
 from orchestration.settings import Settings
 from orchestration.states import (
-    RUN_LIVE,
     RUN_TERMINAL,
     ClaimState,
     Join,
@@ -65,7 +64,6 @@ from orchestration.step_specs import StepSpec
 from orchestration.transitions import lock_run, touch_run, transition_run, transition_step
 
 _SETTLED = effects.Progress(settled=True, exhausted=[], next_due=None)
-_LIVE = [status.value for status in RUN_LIVE]
 
 
 def limit(spec: StepSpec, settings: Settings) -> int:
@@ -118,6 +116,7 @@ def expand(
         )  # fmt: skip
     run = session.get(Run, run_id, populate_existing=True)
     assert run is not None
+    session.refresh(step)  # transitions write SQL directly
     if not branches:
         # An empty for_each has nothing to wait for: its output is the empty list.
         return Done(Halt("no branches"), _join(session, settings, run, step, spec, [], now))
@@ -168,9 +167,7 @@ def _write_branch(
             id=run_id,
             owner=parent.owner,
             request_id=f"{parent.id}.{parent.current_step}.{index}",
-            fingerprint=workflows.fingerprint(definition, parent.args, {"item": item})
-            if item is not _NO_ITEM
-            else workflows.fingerprint(definition, parent.args),
+            fingerprint=workflows.fingerprint(definition, parent.args, {"branch": index}),
             workflow_name=definition["name"],
             workflow=definition,
             args=parent.args,

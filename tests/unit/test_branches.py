@@ -273,6 +273,15 @@ def test_duplicate_delivery_of_the_branching_step_writes_its_branches_once(world
     assert plan.run_id == run_id
 
 
+def test_an_empty_for_each_completes_its_step_with_an_empty_list(world: World) -> None:
+    run_id = world.launch(_research(), {"topics": []})
+    world.pump()
+    record = world.record(run_id)
+    assert record.status == "completed"
+    assert (record.steps[0].output, record.steps[0].branches) == ([], None)
+    assert record.result == []
+
+
 def test_the_items_are_checked_at_launch_and_at_the_step(world: World, settings: Settings) -> None:
     with pytest.raises(ValidationError, match="for_each: must be a JSON list"):
         parse(_research(), settings, args={"topics": "ants"})
