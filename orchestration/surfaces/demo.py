@@ -24,6 +24,7 @@ from rich.live import Live
 from rich.table import Table
 
 from orchestration.db import dispose_engines, upgrade
+from orchestration.errors import ValidationError
 from orchestration.records import RunRecord
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.embedded import EmbeddedBroker
@@ -73,7 +74,10 @@ def examples() -> list[str]:
 
 
 def run_demo(console: Console, example: str | None = None) -> int:
-    """Run the demo (or ``example``); return 0 when it ended as it should."""
+    """Run the demo (or ``example``); return 0 when it ended as it should. An unknown
+    example is a :class:`ValidationError` before anything starts."""
+    if example is not None and example not in examples():
+        raise ValidationError("example", f"unknown {example!r}; known: {', '.join(examples())}")
     folder = Path(tempfile.mkdtemp(prefix="orchestration-demo-"))
     try:
         with _engine(console, folder) as orch:
