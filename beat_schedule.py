@@ -1,4 +1,5 @@
-"""The Celery beat schedule: one sweeper pass every ``ORCH_SWEEP_INTERVAL`` seconds.
+"""The Celery beat schedule: one sweeper pass every ``ORCH_SWEEP_INTERVAL`` seconds, and with
+``ORCH_RETENTION_DAYS`` set, one retention pass an hour.
 
 Run exactly one beat (``orchestration beat``); a second one is harmless (every pass is
 idempotent and every write a compare-and-set) but wasteful.
@@ -8,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestration.runtime.celery_config import SWEEP_TASK
+from orchestration.runtime.celery_config import PRUNE_INTERVAL, PRUNE_TASK, SWEEP_TASK
 from orchestration.settings import Settings
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """The schedule entries for ``app.conf.beat_schedule``."""
-    return {
+    schedule: dict[str, dict[str, Any]] = {
         "orchestration-sweep": {
             "task": SWEEP_TASK,
             "schedule": settings.sweep_interval,
@@ -22,3 +23,10 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "options": {"expires": settings.sweep_interval, "queue": settings.queue},
         }
     }
+    if settings.retention_days is not None:
+        schedule["orchestration-prune"] = {
+            "task": PRUNE_TASK,
+            "schedule": PRUNE_INTERVAL,
+            "options": {"expires": PRUNE_INTERVAL, "queue": settings.queue},
+        }
+    return schedule

@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     #: Most branches one ``for_each`` or ``parallel`` step may have, and one run in all.
     max_branches: int = Field(256, ge=1)
     max_branches_per_run: int = Field(1000, ge=1)
+    #: With a value, beat deletes runs that ended more than this many days ago, once an hour
+    #: (``orchestration prune`` does it by hand).
+    retention_days: float | None = Field(None, gt=0)
     #: Most branches of one step running at once (``max_concurrency``, and its default).
     max_branch_concurrency: int = Field(32, ge=1)
 

@@ -1,10 +1,13 @@
-"""The sweeper task that beat schedules (``beat_schedule.py``)."""
+"""The tasks beat schedules (``beat_schedule.py``): the sweeper, and retention."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from orchestration.runtime.celery_config import SWEEP_TASK
+from orchestration import retention
+from orchestration.db import utcnow
+from orchestration.runtime.celery_config import PRUNE_INTERVAL, PRUNE_TASK, SWEEP_TASK
 from orchestration.sweeper import Sweeper
 from tasks.celery_app import app, executor, settings
 from tasks.limits import sweep_limits
@@ -18,3 +21,18 @@ _SOFT, _HARD = sweep_limits(settings)
 def sweep() -> dict[str, Any]:
     """One sweeper pass; returns its report (shown in Flower)."""
     return Sweeper(settings, executor).sweep()
+
+
+@app.task(
+    name=PRUNE_TASK,
+    acks_late=True,
+    ignore_result=True,
+    soft_time_limit=PRUNE_INTERVAL / 2,
+    time_limit=PRUNE_INTERVAL / 2 + 60,
+)
+def prune() -> dict[str, Any]:
+    """Delete the runs that ended more than ``ORCH_RETENTION_DAYS`` ago; a pass stopped by its
+    time limit loses only its current batch (rolled back), and the next pass goes on."""
+    assert settings.retention_days is not None
+    cutoff = utcnow() - timedelta(days=settings.retention_days)
+    return retention.prune(executor, cutoff=cutoff)

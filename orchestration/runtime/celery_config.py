@@ -20,6 +20,9 @@ from orchestration.settings import Settings
 #: Task names, one namespace. ``tasks/`` registers bodies under exactly these names.
 STEP_TASK = "orchestration.step.advance"
 SWEEP_TASK = "orchestration.sweeper.sweep"
+PRUNE_TASK = "orchestration.retention.prune"
+#: Seconds between two retention passes (``ORCH_RETENTION_DAYS``).
+PRUNE_INTERVAL = 3600.0
 STOP_TASK = "orchestration.turns.stop"
 
 

@@ -376,9 +376,11 @@ def demo(
 
 
 def _register_extensions() -> None:
-    from orchestration.surfaces.api.commands import register
+    from orchestration.surfaces import maintenance
+    from orchestration.surfaces.api import commands
 
-    register(app)
+    commands.register(app)
+    maintenance.register(app)
 
 
 _register_extensions()

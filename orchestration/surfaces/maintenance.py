@@ -1,0 +1,59 @@
+"""CLI commands for an operator's upkeep: ``orchestration prune``.
+
+Registered on the main typer app by :func:`register`. An error (a bad ``--older-than``) is
+raised as an :class:`OrchestrationError`, which the CLI's entry point prints as one line with
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from orchestration.errors import ValidationError
+
+_out = Console()
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def age(text: str) -> timedelta:
+    """``30d``, ``12h``, ``90m``, ``3600s`` or plain seconds; more than zero."""
+    found = _AGE.match(text.strip())
+    if found is None or float(found.group(1)) <= 0:
+        raise ValidationError("older_than", f"{text!r} is not an age such as 30d, 12h or 90m")
+    return timedelta(seconds=float(found.group(1)) * _UNIT[found.group(2)])
+
+
+def prune(
+    older_than: Annotated[str, typer.Option(help="Delete runs that ended this long ago: 30d.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, delete nothing.")] = False,
+    batch: Annotated[int, typer.Option(min=1, help="Runs per transaction.")] = 500,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for programs.")] = False,
+) -> None:
+    """Delete terminal runs that ended before --older-than, with their steps, events, effects,
+    checkpoints and branch runs, in batches that never lock a live run."""
+    from orchestration import retention
+    from orchestration.db import check_ready, utcnow
+    from orchestration.runtime.executor import Executor
+    from orchestration.settings import get_settings
+
+    settings = get_settings()
+    cutoff = utcnow() - age(older_than)
+    check_ready(settings.database_url)
+    report = retention.prune(Executor(settings, None), cutoff=cutoff, batch=batch, dry_run=dry_run)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        _out.print(", ".join(f"{key}={value}" for key, value in report.items()), highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``prune`` to the main CLI."""
+    app.command("prune")(prune)
