@@ -29,6 +29,7 @@ import celery
 
 from bench import (
     cancel,
+    fanout,
     findings,
     launch,
     messages,
@@ -66,7 +67,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated subset: overhead,hop,scale,cancel,sweep,launch,peer,profile,messages",
+        help="comma-separated subset: "
+        "overhead,hop,scale,cancel,fanout,sweep,launch,peer,profile,messages",
     )
     return parser.parse_args(argv)
 
@@ -227,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 stack.start_worker()
                 run.item("cancel:sqlite", lambda: cancel.run(stack, 60, 20), into="cancel")
+            finally:
+                stack.close()
+        if run.wanted("fanout"):
+            stack = _stack(args, tmp, "fanout")
+            try:
+                stack.start_worker()
+                run.item("fanout", lambda: fanout.run(stack, branches=100, concurrency=10))
             finally:
                 stack.close()
         if run.wanted("scale"):

@@ -110,6 +110,14 @@ def _experiment_note(report: dict[str, Any], experiments: dict[str, Any] | None)
     return ""
 
 
+def _fanout_title(report: dict[str, Any]) -> str:
+    item = report.get("fanout") or {}
+    return (
+        f"## 7. Fan-out: {item.get('branches', 100)} branches, max_concurrency "
+        f"{item.get('max_concurrency', 10)}, against a bare Celery group"
+    )
+
+
 def render(report: dict[str, Any], experiments: dict[str, Any] | None = None) -> str:
     """``docs/benchmarks.md`` (``experiments``: the last ``bench.experiments`` results)."""
     errors = report.get("errors") or {}
@@ -145,6 +153,18 @@ def render(report: dict[str, Any], experiments: dict[str, Any] | None = None) ->
         "![sweep](benchmarks-sweep.png)",
         "## 6. Launch throughput (idempotency on)",
         tables.launch(report),
+        _fanout_title(report),
+        "One run of one `for_each` step over instant scripted items (`states: "
+        '[["completed"]]`, so each turn ends inside the execution that starts it), timed from '
+        "the launch to the parent run's row being terminal, against a `group` of as many no-op "
+        "tasks sent at once, timed to the end of the last one in the worker's trace. A branch "
+        "is a durable run, not a message: its run, step and event rows are written with the "
+        "parent's, its own chain segment is sent (the first `max_concurrency` at once, each "
+        "other as a slot frees), and its end is settled in "
+        "a transaction that locks the parent to admit the next branch or join; the group is "
+        "one message per task and no database. The step executions per branch include the "
+        "parent's.",
+        tables.fanout(report),
         "## Profile of a step execution",
         "Counted in-process with a `before_cursor_execute` listener while `Stepper.advance` "
         "runs against PostgreSQL (no Celery, no queue), statements grouped by transaction "

@@ -329,3 +329,44 @@ def launch(report: dict[str, Any]) -> str:
     if http and "skipped" in http:
         text += f" HTTP not measured: {http['skipped']}."
     return text
+
+
+def fanout(report: dict[str, Any]) -> str:
+    item = report.get("fanout")
+    if not item:
+        if "fanout" in (report.get("errors") or {}):
+            return "_not measured (see errors)_"
+        return "_not measured in this run (`python -m bench --only fanout`)_"
+    engine, bare = item["engine_s"], item["bare_s"]
+    text = table(
+        [
+            "engine, parent run terminal",
+            "bare Celery group",
+            "ratio",
+            "engine per branch",
+            "bare per task",
+            "step executions per branch",
+            "engine execution (p50)",
+            "repeats (engine / bare)",
+        ],
+        [
+            [
+                _seconds(engine["median"]),
+                _seconds(bare["median"]),
+                num(item["ratio"], "x"),
+                num(item["engine_per_branch_s"], "ms"),
+                num(item["bare_per_task_s"], "ms"),
+                num(item["engine_executions_per_branch"]),
+                num(item["engine_execution_busy_s"]["p50"], "ms"),
+                f"{engine['n']} / {bare['n']}",
+            ]
+        ],
+    )
+    samples = ", ".join(_seconds(value) for value in item["engine_samples_s"])
+    bare_samples = ", ".join(_seconds(value) for value in item["bare_samples_s"])
+    return text + f"\n\nEvery repeat: engine {samples}; bare {bare_samples}."
+
+
+def _seconds(value: Any) -> str:
+    shown = num(value)
+    return shown if shown == "n/a" else f"{shown} s"

@@ -257,7 +257,7 @@ class Settings(BaseSettings):
     @field_validator("*")
     @classmethod
     def _bounded_duration(cls, value: Any) -> Any:
-        # Every float setting is a duration in seconds.
+        # Every float setting is a duration (in seconds; ORCH_RETENTION_DAYS in days).
         if isinstance(value, float) and value > MAX_SECONDS:
             raise ValueError(f"must be at most {MAX_SECONDS:.0f} seconds (ten years)")
         return value

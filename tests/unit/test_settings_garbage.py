@@ -100,6 +100,10 @@ def _valid_secrets(text: str) -> bool:
 
 #: Garbage for the settings whose type does not say what is invalid.
 TEXT_GARBAGE: dict[str, SearchStrategy[str]] = {
+    "retention_days": st.one_of(
+        st.from_regex(r"\A[A-Za-z]{1,12}\Z"),
+        st.sampled_from(["nan", "inf", "-inf", "1e400", "0", "-1", "-0.5"]),
+    ),
     "database_url": _database_urls(empty_is_unset=False),
     "scripted_url": _database_urls(empty_is_unset=True),
     "broker_url": st.one_of(
