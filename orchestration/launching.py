@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -37,6 +38,16 @@ def check_name(field: str, value: Any) -> str:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise ValidationError(field, "must be 1-200 printable ASCII characters without spaces")
     return value
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """A rerun: the run it reruns, and the outputs of the steps before ``first`` that it
+    takes from there instead of starting their turns."""
+
+    rerun_of: str
+    first: int
+    outputs: tuple[Any, ...]
 
 
 def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
@@ -83,9 +94,11 @@ def launch_then(
     on_conflict: claims.OnConflict,
     now: datetime,
     read: Callable[[Session, str], T],
+    reuse: Reuse | None = None,
 ) -> T:
     """:func:`launch`, returning what ``read`` makes of the run in the launch's own
-    transaction (the Python API reads the record there: no second transaction)."""
+    transaction (the Python API reads the record there: no second transaction); with
+    ``reuse``, a rerun that starts at step ``reuse.first``."""
     check_name("owner", owner)
     if request_id is not None:
         check_name("request_id", request_id)
@@ -102,6 +115,7 @@ def launch_then(
         extra={
             "concurrency_key": concurrency_key,
             "on_conflict": on_conflict.value if concurrency_key else None,
+            **({"rerun_of": reuse.rerun_of, "from": reuse.first} if reuse else {}),
         },
     )
     rid = request_id or uuid.uuid4().hex
@@ -121,6 +135,7 @@ def launch_then(
                     now=now,
                     steps=tuple(spec.steps),
                     read=read,
+                    reuse=reuse,
                 )
             )
         except IntegrityError:
@@ -144,6 +159,7 @@ def _write(
     now: datetime,
     steps: tuple[StepSpec, ...],
     read: Callable[[Session, str], T],
+    reuse: Reuse | None = None,
 ) -> Done[T]:
     existing = session.scalars(
         select(Run).where(Run.owner == owner, Run.request_id == request_id)
@@ -181,7 +197,8 @@ def _write(
     run_id = uuid.uuid4().hex
     # The first segment's task ids go in with the rows (what ``chains.arm`` would store): a
     # queued run gets its segment when it is given the claim.
-    plan = None if queued else chains.plan_chain(run_id, 0, len(steps))
+    first = reuse.first if reuse else 0
+    plan = None if queued else chains.plan_chain(run_id, first, len(steps))
     task_of = {link.index: link.task_id for link in plan.links} if plan else {}
     deadline = (
         claims.queued_deadline(settings, decision.holder_deadline, now)
@@ -202,8 +219,9 @@ def _write(
         heartbeat_at=now,
         deadline_at=deadline,
         task_ids=plan.task_ids if plan else [],
-        current_step=0,
+        current_step=first,
         rearms=0,
+        rerun_of=reuse.rerun_of if reuse else None,
         concurrency_key=concurrency_key,
         on_conflict=on_conflict.value if concurrency_key else None,
         claim=decision.claim.value if decision is not None else None,
@@ -211,16 +229,19 @@ def _write(
     )
     session.add(run)
     for index, step in enumerate(definition["steps"]):
+        reused = index < first
         session.add(
             Step(
                 run_id=run_id,
                 index=index,
                 step_id=step["id"],
                 provider=step_specs.provider_column(step),
-                status=StepStatus.PENDING.value,
+                status=(StepStatus.COMPLETED if reused else StepStatus.PENDING).value,
                 attempt=1,
                 idempotency_key=idempotency_key(run_id, step["id"], 1),
                 polls=0,
+                output=reuse.outputs[index] if reuse and reused else None,
+                finished_at=now if reused else None,
                 celery_task_id=task_of.get(index),
                 created_at=now,
                 updated_at=now,
@@ -231,10 +252,21 @@ def _write(
             run_id=run_id,
             from_status=None,
             to_status=RunStatus.QUEUED.value,
-            cause="launched",
+            cause=f"rerun of {reuse.rerun_of} from step {first}" if reuse else "launched",
             at=now,
         )
     )
+    for index in range(first):
+        session.add(
+            RunEvent(
+                run_id=run_id,
+                step_id=definition["steps"][index]["id"],
+                from_status=None,
+                to_status=StepStatus.COMPLETED.value,
+                cause=f"output reused from run {reuse.rerun_of if reuse else '?'}",
+                at=now,
+            )
+        )
     session.flush()
     if plan is None:
         return Done(read(session, run_id), then)

@@ -190,6 +190,8 @@ class Run(Base):
     parent_step: Mapped[int | None] = mapped_column(Integer)
     branch: Mapped[int | None] = mapped_column(Integer)
     branch_key: Mapped[str | None] = mapped_column(String(80))
+    #: A rerun: the run whose completed steps' outputs it reused.
+    rerun_of: Mapped[str | None] = mapped_column(String(32), index=True)
     #: What a branch's templates see beside ``args``: ``{item, index, steps}`` (the parent's
     #: completed outputs when the branch was made).
     branch_context: Mapped[Any] = mapped_column(JSONType, nullable=True)

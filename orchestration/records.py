@@ -94,6 +94,9 @@ class RunRecord(BaseModel):
     parent_step: int | None = None
     branch: int | None = None
     branch_key: str | None = None
+    #: A rerun: the run it reran; and the reruns made of this run, oldest first.
+    rerun_of: str | None = None
+    reruns: list[str] = Field(default_factory=list)
     steps: list[StepRecord]
 
 
@@ -103,11 +106,13 @@ def to_record(
     steps: list[Step],
     now: datetime,
     branches: Mapping[int, list[dict[str, Any]]] | None = None,
+    reruns: list[str] | None = None,
 ) -> RunRecord:
     """Build the record of ``run`` at ``now`` (health is derived, never stored), with the
     branch runs of its branching steps by step index."""
     data = {column.key: getattr(run, column.key) for column in Run.__table__.columns}
     data["health"] = derive(settings, run, now).value
+    data["reruns"] = reruns or []
     data["steps"] = [
         StepRecord.model_validate(step).model_copy(
             update={"branches": (branches or {}).get(step.index)}

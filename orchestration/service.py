@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import cancellation, chains, claims, launching, summaries
+from orchestration import cancellation, chains, claims, launching, reruns, summaries
 from orchestration.db import check_ready, utcnow
 from orchestration.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
 from orchestration.execution import approving, branching
@@ -160,6 +160,35 @@ class Orchestrator:
             on_conflict=policy,
             now=self.clock(),
             read=lambda session, run_id: self._record(session, self._owned(session, run_id, owner)),
+        )
+
+    def rerun(
+        self,
+        run_id: str,
+        *,
+        owner: str,
+        from_step: str | None = None,
+        request_id: str | None = None,
+    ) -> RunRecord:
+        """Launch a new run of an ended run's workflow and args that reuses the outputs of the
+        steps before ``from_step`` (default: its first step that did not complete) and runs
+        the rest. Idempotent per (owner, request_id). Raises :class:`ConflictError` for a live
+        or completed run, :class:`ValidationError` for an unknown step or one that follows a
+        step that did not complete."""
+        source = self.transact(lambda session: Done(reruns.source(session, run_id, owner)))
+        reuse = reruns.plan(source, from_step)
+        return launching.launch_then(
+            self.transact,
+            self.settings,
+            source.workflow,
+            source.args,
+            owner=owner,
+            request_id=request_id,
+            concurrency_key=source.concurrency_key,
+            on_conflict=claims.OnConflict(source.on_conflict or "reject"),
+            now=self.clock(),
+            read=lambda session, new_id: self._record(session, self._owned(session, new_id, owner)),
+            reuse=reuse,
         )
 
     def cancel(self, run_id: str, *, owner: str, graceful: bool = False) -> RunRecord:
@@ -309,8 +338,18 @@ class Orchestrator:
         steps = list(
             session.scalars(select(Step).where(Step.run_id == run.id).order_by(Step.index)).all()
         )
+        reruns = list(
+            session.scalars(
+                select(Run.id).where(Run.rerun_of == run.id).order_by(Run.created_at, Run.id)
+            )
+        )
         return to_record(
-            self.settings, run, steps, self.clock(), branches=branching.listed(session, run.id)
+            self.settings,
+            run,
+            steps,
+            self.clock(),
+            branches=branching.listed(session, run.id),
+            reruns=reruns,
         )
 
 

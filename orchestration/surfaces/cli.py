@@ -244,6 +244,25 @@ def cancel(
 
 
 @app.command()
+def rerun(
+    run_id: str,
+    from_step: Annotated[
+        str | None, typer.Option("--from", help="Rerun from this step (default: the failed one).")
+    ] = None,
+    request_id: Annotated[str | None, typer.Option("--request-id")] = None,
+    owner: Owner = None,
+    as_json: AsJson = False,
+) -> None:
+    """Launch a new run that reuses the outputs of the steps before the failed (or given) one."""
+    _print_record(
+        lambda: _orchestrator().rerun(
+            run_id, owner=_owner(owner), from_step=from_step, request_id=request_id
+        ),
+        as_json,
+    )
+
+
+@app.command()
 def answer(
     run_id: str,
     step: Annotated[str, typer.Option("--step", help="The parked step's id.")],
@@ -312,22 +331,6 @@ def sweep(as_json: AsJson = False) -> None:
         out.print(", ".join(f"{key}={value}" for key, value in report.items()))
 
 
-@app.command()
-def health(as_json: AsJson = False) -> None:
-    """Check the database, the broker and the sweeper's liveness; exit 1 if any is down."""
-    from orchestration.runtime.liveness import check
-
-    report = check(get_settings())
-    if as_json:
-        _dump(report)
-    else:
-        for name, part in report["checks"].items():
-            mark = "[green]ok[/]" if part["ok"] else "[red]FAIL[/]"
-            out.print(f"{name:10} {mark}  {part['detail']}", highlight=False)
-    if not report["ok"]:
-        raise typer.Exit(1)
-
-
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
@@ -360,19 +363,6 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
         _error_line(_database_error(exc))
         raise typer.Exit(2) from None
     out.print(f"database at revision {revision}")
-
-
-@app.command()
-def demo(
-    example: Annotated[
-        str | None, typer.Option(help="Run examples/NAME.yaml to its end instead (shapes).")
-    ] = None,
-) -> None:
-    """Run the demo: embedded broker, SQLite, a real worker; one run completes, one is
-    cancelled mid-flight (or, with --example, that example runs to its end)."""
-    from orchestration.surfaces.demo import run_demo
-
-    raise typer.Exit(run_demo(out, example))
 
 
 def _register_extensions() -> None:

@@ -1,4 +1,4 @@
-"""CLI commands for an operator's upkeep: ``orchestration prune``.
+"""CLI commands for an operator's upkeep: ``orchestration prune``, ``health`` and ``demo``.
 
 Registered on the main typer app by :func:`register`. An error (a bad ``--older-than``) is
 raised as an :class:`OrchestrationError`, which the CLI's entry point prints as one line with
@@ -37,8 +37,7 @@ def prune(
     batch: Annotated[int, typer.Option(min=1, help="Runs per transaction.")] = 500,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for programs.")] = False,
 ) -> None:
-    """Delete terminal runs that ended before --older-than, with their steps, events, effects,
-    checkpoints and branch runs, in batches that never lock a live run."""
+    """Delete runs that ended before --older-than with all their rows, in bounded batches."""
     from orchestration import retention
     from orchestration.db import check_ready, utcnow
     from orchestration.runtime.executor import Executor
@@ -54,6 +53,37 @@ def prune(
         _out.print(", ".join(f"{key}={value}" for key, value in report.items()), highlight=False)
 
 
+def health(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for programs.")] = False,
+) -> None:
+    """Check the database, the broker and the sweeper's liveness; exit 1 if any is down."""
+    from orchestration.runtime.liveness import check
+    from orchestration.settings import get_settings
+
+    report = check(get_settings())
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        for name, part in report["checks"].items():
+            mark = "[green]ok[/]" if part["ok"] else "[red]FAIL[/]"
+            _out.print(f"{name:10} {mark}  {part['detail']}", highlight=False)
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+def demo(
+    example: Annotated[
+        str | None, typer.Option(help="Run examples/NAME.yaml to its end instead (shapes).")
+    ] = None,
+) -> None:
+    """Run the demo: a real worker on SQLite and an embedded broker (or --example NAME)."""
+    from orchestration.surfaces.demo import run_demo
+
+    raise typer.Exit(run_demo(_out, example))
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``prune`` to the main CLI."""
+    """Add ``prune``, ``health`` and ``demo`` to the main CLI."""
     app.command("prune")(prune)
+    app.command("health")(health)
+    app.command("demo")(demo)

@@ -108,3 +108,27 @@ def test_the_run_json_lists_branches_and_the_pages_link_parent_and_branch(
     assert f'href="/dashboard/runs/{run_id}"' in child_page.text
     assert refused.status_code == 400, refused.text
     assert "for_each: must be a JSON list" in refused.text
+
+
+def test_a_failed_run_is_rerun_through_its_route_and_a_live_one_is_refused(
+    api: ApiServer, worker: ManagedProcess, token: str
+) -> None:
+    flow = scripted([["failed"]], error="flaky")
+    with api.client(token) as client:
+        run_id = client.post("/runs", json={"workflow": flow}).json()["id"]
+        wait_for(
+            lambda: client.get(f"/runs/{run_id}").json()["status"] == "failed",
+            30,
+            interval=0.1,
+            what="the run failed",
+        )
+        rerun = client.post(f"/runs/{run_id}/rerun", json={"request_id": "r-1"})
+        again = client.post(f"/runs/{run_id}/rerun", json={"request_id": "r-1"})
+        source = client.get(f"/runs/{run_id}").json()
+        live = client.post("/runs", json={"workflow": scripted([["running"]])}).json()["id"]
+        refused = client.post(f"/runs/{live}/rerun", json={})
+        client.post(f"/runs/{live}/cancel")
+    assert rerun.status_code == 201, rerun.text
+    assert rerun.json()["rerun_of"] == run_id and again.json()["id"] == rerun.json()["id"]
+    assert source["reruns"] == [rerun.json()["id"]]
+    assert refused.status_code == 409 and "can be rerun" in refused.text

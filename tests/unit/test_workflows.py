@@ -22,6 +22,7 @@ from orchestration.errors import (
 from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
+from orchestration.surfaces.demo import EXAMPLE_ARGS
 from tests.unit.support import (
     PROPERTY,
     T0,
@@ -45,7 +46,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "orchestration" / "examples"
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_examples_parse(settings: Settings, path: Path) -> None:
     data = workflows.load_file(path)
-    spec = workflows.parse(data, settings, args={"topic": "tides"})
+    spec = workflows.parse(data, settings, args=EXAMPLE_ARGS.get(path.stem, {}))  # the demo's
     assert spec.name == data["name"]
     assert [step.id for step in spec.steps] == [step["id"] for step in data["steps"]]
 

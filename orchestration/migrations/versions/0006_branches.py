@@ -1,4 +1,5 @@
-"""branches: a for_each or parallel step's branch runs point at their parent run and step
+"""branches and reruns: a for_each or parallel step's branch runs point at their parent run
+and step; a rerun points at the run it reruns
 
 Revision ID: 0006
 Revises: 0005
@@ -27,6 +28,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("branch", sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column("branch_key", sa.String(80), nullable=True))
         batch_op.add_column(sa.Column("branch_context", json_type, nullable=True))
+        batch_op.add_column(sa.Column("rerun_of", sa.String(32), nullable=True))
         batch_op.create_foreign_key(
             "fk_runs_parent_run_id_runs", "runs", ["parent_run_id"], ["id"], ondelete="CASCADE"
         )
@@ -38,12 +40,15 @@ def upgrade() -> None:
         postgresql_where=sa.text(_BRANCH),
         sqlite_where=sa.text(_BRANCH),
     )
+    op.create_index("ix_runs_rerun_of", "runs", ["rerun_of"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_runs_rerun_of", table_name="runs")
     op.drop_index("uq_runs_branch", table_name="runs")
     with op.batch_alter_table("runs", schema=None) as batch_op:
         batch_op.drop_constraint("fk_runs_parent_run_id_runs", type_="foreignkey")
+        batch_op.drop_column("rerun_of")
         batch_op.drop_column("branch_context")
         batch_op.drop_column("branch_key")
         batch_op.drop_column("branch")

@@ -63,6 +63,17 @@ class ApprovalRequest(BaseModel):
     )
 
 
+class RerunRequest(BaseModel):
+    """A rerun of an ended run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: str | None = Field(
+        None, description="The step to rerun from (default: the first that did not complete)."
+    )
+    request_id: str | None = Field(None, description="Idempotency key of the new run.")
+
+
 class RunPage(BaseModel):
     """One page of runs, newest first, as summaries: ``GET /runs/{id}`` has the payloads."""
 
@@ -155,6 +166,13 @@ def cancel(
 ) -> RunRecord:
     """Cancel; returns the terminal ``cancelled`` record (``cancelling`` when graceful)."""
     return orch.cancel(run_id, owner=owner, graceful=graceful)
+
+
+@router.post("/{run_id}/rerun", status_code=201, summary="Rerun an ended run from a step")
+def rerun(run_id: str, body: RerunRequest, owner: ApiOwner, orch: Orch) -> RunRecord:
+    """A new run that reuses the outputs of the steps before ``from_step`` (linked both ways:
+    ``rerun_of`` and ``reruns``); 409 ``conflict`` for a live or completed run."""
+    return orch.rerun(run_id, owner=owner, from_step=body.from_step, request_id=body.request_id)
 
 
 @router.post("/{run_id}/answer", summary="Answer a run parked for a human")
