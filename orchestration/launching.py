@@ -229,31 +229,11 @@ def _write(
     )
     session.add(run)
     for index, step in enumerate(definition["steps"]):
-        reused = index < first
-        session.add(
-            Step(
-                run_id=run_id,
-                index=index,
-                step_id=step["id"],
-                provider=step_specs.provider_column(step),
-                status=(StepStatus.COMPLETED if reused else StepStatus.PENDING).value,
-                attempt=1,
-                idempotency_key=idempotency_key(run_id, step["id"], 1),
-                polls=0,
-                output=reuse.outputs[index] if reuse and reused else None,
-                finished_at=now if reused else None,
-                celery_task_id=task_of.get(index),
-                created_at=now,
-                updated_at=now,
-            )
-        )
+        reused = (reuse.outputs[index],) if reuse is not None and index < first else None
+        session.add(new_step(run_id, index, step, now, task_id=task_of.get(index), reused=reused))
     session.add(
-        RunEvent(
-            run_id=run_id,
-            from_status=None,
-            to_status=RunStatus.QUEUED.value,
-            cause=f"rerun of {reuse.rerun_of} from step {first}" if reuse else "launched",
-            at=now,
+        queued_event(
+            run_id, f"rerun of {reuse.rerun_of} from step {first}" if reuse else "launched", now
         )
     )
     for index in range(first):
@@ -272,6 +252,41 @@ def _write(
         return Done(read(session, run_id), then)
     specs.remember(run_id, steps)
     return Done(read(session, run_id), then + Followups(chains=(plan,)))
+
+
+def new_step(
+    run_id: str,
+    index: int,
+    step: dict[str, Any],
+    now: datetime,
+    *,
+    task_id: str | None,
+    reused: tuple[Any] | None = None,
+) -> Step:
+    """A new run's step row from its stored spec: pending, or ``completed`` with the output
+    a rerun reuses (``reused``, a 1-tuple so that a ``None`` output is one too)."""
+    return Step(
+        run_id=run_id,
+        index=index,
+        step_id=step["id"],
+        provider=step_specs.provider_column(step),
+        status=(StepStatus.COMPLETED if reused else StepStatus.PENDING).value,
+        attempt=1,
+        idempotency_key=idempotency_key(run_id, step["id"], 1),
+        polls=0,
+        output=reused[0] if reused else None,
+        finished_at=now if reused else None,
+        celery_task_id=task_id,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def queued_event(run_id: str, cause: str, now: datetime) -> RunEvent:
+    """The journal's first row of a new run."""
+    return RunEvent(
+        run_id=run_id, from_status=None, to_status=RunStatus.QUEUED.value, cause=cause, at=now
+    )
 
 
 def _check_capacity(session: Session, settings: Settings, owner: str) -> None:

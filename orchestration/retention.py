@@ -6,7 +6,7 @@ through the ``ix_runs_finished`` index, and deletes their rows, child tables fir
 foreign-key cascade is needed, on either database). A batch locks only the rows it deletes:
 terminal is final, so no writer waits for them, and a live run is never touched. A branch run
 goes with its parent (the parent's join reads it), and a run is kept while one of its branch
-runs is live. Between batches the sweeper, the steps and ``/metrics`` carry on.
+runs, or a rerun of it, is live. Between batches the sweeper, the steps and ``/metrics`` carry on.
 """
 
 from __future__ import annotations
@@ -32,13 +32,15 @@ _CHILDREN = (RunEvent, Effect, Checkpoint, Step)
 
 
 def _prunable(cutoff: datetime) -> Any:
-    """The condition on ``runs``: ended before ``cutoff``, not a branch run, no live branch."""
-    branch = aliased(Run)
+    """The condition on ``runs``: ended before ``cutoff``, not a branch run, and neither a
+    live branch run nor a live rerun points at it."""
+    other = aliased(Run)
     return (
         Run.finished_at < cutoff,
         Run.status.in_(_TERMINAL),
         Run.parent_run_id.is_(None),
-        ~exists().where(branch.parent_run_id == Run.id, branch.status.in_(_LIVE)),
+        ~exists().where(other.parent_run_id == Run.id, other.status.in_(_LIVE)),
+        ~exists().where(other.rerun_of == Run.id, other.status.in_(_LIVE)),
     )
 
 

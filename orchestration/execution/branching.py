@@ -48,8 +48,8 @@ from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome
 from orchestration.execution.rows import fail
 from orchestration.followups import ChainPlan, Done, Followups
-from orchestration.launching import idempotency_key
-from orchestration.models import Run, RunEvent, Step
+from orchestration.launching import new_step, queued_event
+from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import (
     RUN_TERMINAL,
@@ -192,30 +192,10 @@ def _write_branch(
             branch_context=None if item is _NO_ITEM else {"item": item, "index": index},
         )
     )
+    session.add(new_step(run_id, 0, only, now, task_id=plan.links[0].task_id if plan else None))
+    waiting = "" if admit else "; waiting for a slot"
     session.add(
-        Step(
-            run_id=run_id,
-            index=0,
-            step_id=branch.id,
-            provider=step_specs.provider_column(only),
-            status=StepStatus.PENDING.value,
-            attempt=1,
-            idempotency_key=idempotency_key(run_id, branch.id, 1),
-            polls=0,
-            celery_task_id=plan.links[0].task_id if plan else None,
-            created_at=now,
-            updated_at=now,
-        )
-    )
-    session.add(
-        RunEvent(
-            run_id=run_id,
-            from_status=None,
-            to_status=RunStatus.QUEUED.value,
-            cause=f"branch {key} of step {spec.id} of run {parent.id}"
-            + ("" if admit else "; waiting for a slot"),
-            at=now,
-        )
+        queued_event(run_id, f"branch {key} of step {spec.id} of run {parent.id}{waiting}", now)
     )
     specs.remember(run_id, (branch,))
     return plan

@@ -80,6 +80,21 @@ def test_a_run_with_a_live_branch_is_kept(world: World, settings: Settings) -> N
     assert report["runs"] == 0
 
 
+def test_a_run_with_a_live_rerun_is_kept(world: World, settings: Settings) -> None:
+    flow = _research()
+    flow["steps"][1]["with"] = {"states": [["failed"]]}
+    failed = world.launch(flow, {"topics": ["a"]})
+    world.pump()
+    assert world.record(failed).status == "failed"
+    rerun = world.orch.rerun(failed, owner="owner-1")
+    cutoff = world.clock.now + timedelta(days=1)
+    executor = Executor(settings, None)
+    assert retention.prune(executor, cutoff=cutoff)["runs"] == 0  # its rerun is live
+    world.pump()
+    assert world.record(rerun.id).status == "failed"
+    assert retention.prune(executor, cutoff=cutoff + timedelta(days=1))["runs"] == 2
+
+
 def test_an_age_is_a_number_and_a_unit() -> None:
     assert age("30d") == timedelta(days=30)
     assert age("12h") == timedelta(hours=12)
