@@ -241,7 +241,8 @@ def settle(
 
 
 def of_step(session: Session, run_id: str, index: int) -> list[Any]:
-    """The branch runs of step ``index``, in branch order, with their step's columns."""
+    """The branch runs of step ``index``, in branch order, with their step's columns: what
+    ``settle`` joins and what the run's record lists."""
     return list(
         session.execute(
             select(
@@ -250,11 +251,11 @@ def of_step(session: Session, run_id: str, index: int) -> list[Any]:
                 Run.branch_key,
                 Run.status,
                 Run.claim,
-                Run.result,
                 Run.error,
                 Run.stop_reason,
                 Step.attempt,
                 Step.provider_run_id,
+                Step.output,
             )
             .join(Step, (Step.run_id == Run.id) & (Step.index == 0))
             .where(Run.parent_run_id == run_id, Run.parent_step == index)
@@ -264,27 +265,20 @@ def of_step(session: Session, run_id: str, index: int) -> list[Any]:
 
 
 def listed(session: Session, run_id: str) -> dict[int, list[dict[str, Any]]]:
-    """The branches of each branching step of ``run_id``, as its record lists them."""
-    if not any(spec.branching for spec in specs.of_run(session, run_id)):
-        return {}
-    rows = session.execute(
-        select(
-            Run.parent_step, Run.branch, Run.branch_key, Run.id, Run.status, Run.result,
-            Run.error, Step.attempt, Step.provider_run_id, Step.output,
-        )
-        .join(Step, (Step.run_id == Run.id) & (Step.index == 0))
-        .where(Run.parent_run_id == run_id)
-        .order_by(Run.parent_step, Run.branch)
-    ).all()  # fmt: skip
+    """The branches of each branching step of ``run_id`` that has made any, as its record
+    lists them."""
     listed: dict[int, list[dict[str, Any]]] = {}
-    for row in rows:
-        listed.setdefault(row.parent_step, []).append(
-            {
-                "id": row.branch_key, "index": row.branch, "run_id": row.id,
-                "status": row.status.value, "attempt": row.attempt, "output": row.output,
-                "error": row.error, "provider_run_id": row.provider_run_id,
-            }
-        )  # fmt: skip
+    for index, spec in enumerate(specs.of_run(session, run_id)):
+        rows = of_step(session, run_id, index) if spec.branching else []
+        if rows:
+            listed[index] = [
+                {
+                    "id": row.branch_key, "index": row.branch, "run_id": row.id,
+                    "status": row.status.value, "attempt": row.attempt, "output": row.output,
+                    "error": row.error, "provider_run_id": row.provider_run_id,
+                }
+                for row in rows
+            ]  # fmt: skip
     return listed
 
 
@@ -305,9 +299,9 @@ def _join(
     (``for_each``) or a map by step id (``parallel``)."""
     output: Any
     if spec.parallel is not None:
-        output = {branch.branch_key: branch.result for branch in branches}
+        output = {branch.branch_key: branch.output for branch in branches}
     else:
-        output = [branch.result for branch in branches]
+        output = [branch.output for branch in branches]
     too_big = bounds.over(output, settings.max_output_bytes, "the output", "ORCH_MAX_OUTPUT_BYTES")
     if too_big:
         return fail(session, settings, run.id, f"step {spec.id}: {too_big}", now, over=True)
