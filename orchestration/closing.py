@@ -50,6 +50,7 @@ def end_run(
     now: datetime,
     error: str | None = None,
     result: Any = None,
+    result_sha256: str | None = None,
     step_error: str | None = None,
     extra: dict[str, Any] | None = None,
     promote: bool = True,
@@ -62,10 +63,12 @@ def end_run(
 
     Raises ``IllegalTransition`` if the run was already terminal (the caller lost a race and
     must not act further). ``revoke`` is false when the caller is the run's own step task
-    (its chain stops with it). ``stops`` are provider cancels already tried (``cancel``
-    tries each once inline); without them every live turn's stop is pending, unless
-    ``stop_turns`` is false (the step ending its run saw its own turn end). The key passes
-    to the next queued run unless ``promote`` is false (a displacing run takes it instead).
+    (its chain stops with it). ``result`` is the last step's output as its row keeps it
+    (``result_sha256`` set when that is an artifact's reference). ``stops`` are provider
+    cancels already tried (``cancel`` tries each once inline); without them every live
+    turn's stop is pending, unless ``stop_turns`` is false (the step ending its run saw its
+    own turn end). The key passes to the next queued run unless ``promote`` is false (a
+    displacing run takes it instead).
     """
     assert to in RUN_TERMINAL
     # The row lock first (an UPDATE: SQLite ignores FOR UPDATE), so the turns read below are
@@ -86,6 +89,7 @@ def end_run(
     values: dict[str, Any] = {"error": error, "claim": None, **(extra or {})}
     if result is not None:
         values["result"] = result
+        values["result_sha256"] = result_sha256
     transition_run(
         session, run_id, to, cause=cause, now=now, stop_reason=stop_reason, values=values
     )

@@ -57,6 +57,20 @@ class RunNotFound(OrchestrationError):
         super().__init__(f"no run {run_id!r} for this owner")
 
 
+class ArtifactNotFound(OrchestrationError):
+    """No artifact with that hash for this owner (another owner's is reported the same way),
+    or its bytes are gone from the store."""
+
+    code = "not_found"
+
+
+class ArtifactCorrupt(OrchestrationError):
+    """An artifact's stored bytes do not hash to its sha256: the store was changed outside
+    the engine, and the value is not served."""
+
+    code = "artifact_corrupt"
+
+
 class IllegalTransition(OrchestrationError):
     """A status write that the state machine does not allow, or that lost a race."""
 

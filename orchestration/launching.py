@@ -20,7 +20,16 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestration import chains, claims, closing, deadlines, specs, step_specs, workflows
+from orchestration import (
+    artifacts,
+    chains,
+    claims,
+    closing,
+    deadlines,
+    specs,
+    step_specs,
+    workflows,
+)
 from orchestration.errors import IdempotencyConflict, LimitExceeded, ValidationError
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, RunEvent, Step
@@ -47,7 +56,8 @@ class Reuse:
 
     rerun_of: str
     first: int
-    outputs: tuple[Any, ...]
+    #: Each reused step's output as its row keeps it (an artifact's reference included).
+    outputs: tuple[artifacts.Kept, ...]
 
 
 def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
@@ -229,8 +239,10 @@ def _write(
     )
     session.add(run)
     for index, step in enumerate(definition["steps"]):
-        reused = (reuse.outputs[index],) if reuse is not None and index < first else None
+        reused = reuse.outputs[index] if reuse is not None and index < first else None
         session.add(new_step(run_id, index, step, now, task_id=task_of.get(index), reused=reused))
+    if reuse is not None:
+        artifacts.touch(session, owner, {k.sha256 for k in reuse.outputs[:first] if k.sha256}, now)
     session.add(
         queued_event(
             run_id, f"rerun of {reuse.rerun_of} from step {first}" if reuse else "launched", now
@@ -261,21 +273,22 @@ def new_step(
     now: datetime,
     *,
     task_id: str | None,
-    reused: tuple[Any] | None = None,
+    reused: artifacts.Kept | None = None,
 ) -> Step:
     """A new run's step row from its stored spec: pending, or ``completed`` with the output
-    a rerun reuses (``reused``, a 1-tuple so that a ``None`` output is one too)."""
+    a rerun reuses (``reused``)."""
     return Step(
         run_id=run_id,
         index=index,
         step_id=step["id"],
         provider=step_specs.provider_column(step),
-        status=(StepStatus.COMPLETED if reused else StepStatus.PENDING).value,
+        status=(StepStatus.COMPLETED if reused is not None else StepStatus.PENDING).value,
         attempt=1,
         idempotency_key=idempotency_key(run_id, step["id"], 1),
         polls=0,
-        output=reused[0] if reused else None,
-        finished_at=now if reused else None,
+        output=reused.value if reused is not None else None,
+        output_sha256=reused.sha256 if reused is not None else None,
+        finished_at=now if reused is not None else None,
         celery_task_id=task_id,
         created_at=now,
         updated_at=now,

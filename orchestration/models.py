@@ -1,6 +1,6 @@
-"""SQLAlchemy 2 models: runs, steps, the run event journal, the effects outbox, and the
-sweeper's liveness row. The Alembic migration in ``orchestration/migrations`` creates exactly
-these (a test compares them)."""
+"""SQLAlchemy 2 models: runs, steps, the run event journal, the effects outbox, artifacts,
+and the sweeper's liveness row. The Alembic migration in ``orchestration/migrations``
+creates exactly these (a test compares them)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -159,6 +160,8 @@ class Run(Base):
     stop_reason: Mapped[str | None] = mapped_column(String(40))
     error: Mapped[str | None] = mapped_column(Text)
     result: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    #: Set when ``result`` is an artifact's reference (``{sha256, size, media_type}``).
+    result_sha256: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -207,7 +210,15 @@ class Step(Base):
     """One step of a run. ``status`` is written only by ``transitions.transition_step``."""
 
     __tablename__ = "steps"
-    __table_args__ = (UniqueConstraint("run_id", "index", name="uq_steps_run_index"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "index", name="uq_steps_run_index"),
+        Index(
+            "ix_steps_output_sha256",
+            "output_sha256",
+            postgresql_where=text("output_sha256 IS NOT NULL"),
+            sqlite_where=text("output_sha256 IS NOT NULL"),
+        ),
+    )
 
     pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
@@ -220,6 +231,9 @@ class Step(Base):
     provider_run_id: Mapped[str | None] = mapped_column(String(200))
     input: Mapped[Any] = mapped_column(JSONType, nullable=True)
     output: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    #: Set when ``output`` is an artifact's reference (``{sha256, size, media_type}``): the
+    #: output was over ``ORCH_INLINE_OUTPUT_BYTES`` and lives in the artifact store.
+    output_sha256: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
     #: Executions of the step task so far; also the fencing token that makes a duplicate
     #: delivery of the same message a no-op (see ``stepper``).
@@ -309,6 +323,25 @@ class Checkpoint(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     state: Mapped[Any] = mapped_column(JSONType, nullable=True)
     captured_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Artifact(Base):
+    """An output too big to keep in its step's row, stored once per owner by its sha256.
+
+    The key includes the owner: knowing a hash never reads another owner's artifact. The
+    bytes are in ``content``, or (``ORCH_ARTIFACT_DIR``) in a file named by the hash, shared
+    by every owner that stored the same bytes; ``used_at`` is stamped at every store, so a
+    prune never deletes one that a live run has just referenced."""
+
+    __tablename__ = "artifacts"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    media_type: Mapped[str] = mapped_column(String(100))
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    used_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class SweeperBeat(Base):

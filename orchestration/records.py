@@ -27,6 +27,9 @@ class StepRecord(BaseModel):
     provider_run_id: str | None
     input: Any
     output: Any
+    #: Set (and ``output`` null) when the output was over ``ORCH_INLINE_OUTPUT_BYTES``:
+    #: ``{sha256, size, media_type}``; ``GET /runs/{id}/steps/{step}/output`` serves it.
+    output_artifact: dict[str, Any] | None = None
     error: str | None
     polls: int
     last_provider_status: str | None
@@ -73,6 +76,8 @@ class RunRecord(BaseModel):
     stop_reason: str | None
     error: str | None
     result: Any
+    #: Set (and ``result`` null) when the last step's output is an artifact.
+    result_artifact: dict[str, Any] | None = None
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -113,9 +118,14 @@ def to_record(
     data = {column.key: getattr(run, column.key) for column in Run.__table__.columns}
     data["health"] = derive(settings, run, now).value
     data["reruns"] = reruns or []
+    if run.result_sha256 is not None:
+        data.update(result=None, result_artifact=run.result)
     data["steps"] = [
         StepRecord.model_validate(step).model_copy(
-            update={"branches": (branches or {}).get(step.index)}
+            update={
+                "branches": (branches or {}).get(step.index),
+                **({"output": None, "output_artifact": step.output} if step.output_sha256 else {}),
+            }
         )
         for step in steps
     ]

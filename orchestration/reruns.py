@@ -5,7 +5,8 @@ The new run is an ordinary launch (``launching.launch_then`` with a :class:`Reus
 reused steps are written ``completed`` with their outputs (the journal says where each came
 from), the chain starts at the first step to run, and ``rerun_of`` links it to the source,
 whose record lists its ``reruns``. A rerun is idempotent per (owner, request id) like every
-launch. A branching step that is run again runs all its branches again.
+launch. A branching step that the source did not complete runs only the branches that did
+not complete there (``execution.branch_runs``); the join sees every branch's output.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestration import artifacts
 from orchestration.errors import ConflictError, RunNotFound, ValidationError
 from orchestration.launching import Reuse
 from orchestration.models import Run, Step
@@ -37,8 +39,8 @@ class Source:
     args: dict[str, Any]
     concurrency_key: str | None
     on_conflict: str | None
-    #: ``(step_id, status, output)`` per step, in order.
-    steps: tuple[tuple[str, StepStatus, Any], ...]
+    #: ``(step_id, status, output)`` per step, in order (the output as its row keeps it).
+    steps: tuple[tuple[str, StepStatus, artifacts.Kept], ...]
 
 
 def source(session: Session, run_id: str, owner: str) -> Source:
@@ -47,7 +49,7 @@ def source(session: Session, run_id: str, owner: str) -> Source:
     if run is None or run.owner != owner:
         raise RunNotFound(str(run_id)[:64])
     rows = session.execute(
-        select(Step.step_id, Step.status, Step.output)
+        select(Step.step_id, Step.status, Step.output, Step.output_sha256)
         .where(Step.run_id == run_id)
         .order_by(Step.index)
     ).all()
@@ -58,7 +60,10 @@ def source(session: Session, run_id: str, owner: str) -> Source:
         run.args,
         run.concurrency_key,
         run.on_conflict,
-        tuple((step_id, StepStatus(status), output) for step_id, status, output in rows),
+        tuple(
+            (step_id, StepStatus(status), artifacts.Kept(output, sha256))
+            for step_id, status, output, sha256 in rows
+        ),
     )
 
 

@@ -7,19 +7,27 @@ foreign-key cascade is needed, on either database). A batch locks only the rows 
 terminal is final, so no writer waits for them, and a live run is never touched. A branch run
 goes with its parent (the parent's join reads it), and a run is kept while one of its branch
 runs, or a rerun of it, is live. Between batches the sweeper, the steps and ``/metrics`` carry on.
+
+The artifacts the deleted steps referenced go too, once no step of their owner references
+them and no store has stamped them since the cutoff (a live run storing the same bytes
+again keeps them); a file in ``ORCH_ARTIFACT_DIR`` goes after the commit, when no owner's
+row names it and it was not written since the cutoff.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
+from orchestration import artifacts
 from orchestration.followups import Done, Transact
-from orchestration.models import Checkpoint, Effect, Run, RunEvent, Step
+from orchestration.models import Artifact, Checkpoint, Effect, Run, RunEvent, Step
 from orchestration.states import RUN_LIVE, RUN_TERMINAL
 
 #: Runs one batch deletes at most (with their branch runs).
@@ -60,11 +68,82 @@ def count(session: Session, cutoff: datetime) -> dict[str, int]:
             )
             or 0
         )
+    kept = select(Step.output_sha256).join(Run, Run.id == Step.run_id)
+    referenced = (
+        select(Run.owner, Step.output_sha256)
+        .join(Run, Run.id == Step.run_id)
+        .where(Step.run_id.in_(select(every.c.id)), Step.output_sha256.is_not(None))
+        .distinct()
+        .subquery()
+    )
+    counted["artifacts"] = (
+        session.scalar(
+            select(func.count())
+            .select_from(referenced)
+            .where(
+                ~exists(
+                    kept.where(
+                        Run.owner == referenced.c.owner,
+                        Step.output_sha256 == referenced.c.output_sha256,
+                        Step.run_id.not_in(select(every.c.id)),
+                    )
+                )
+            )
+        )
+        or 0
+    )
     return counted
 
 
-def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, int]:
-    """Delete at most ``batch`` prunable runs (oldest first) and all their rows."""
+def _artifacts(session: Session, run_ids: list[str]) -> list[tuple[str, str]]:
+    """The ``(owner, sha256)`` the steps of ``run_ids`` reference."""
+    rows = session.execute(
+        select(Run.owner, Step.output_sha256)
+        .join(Run, Run.id == Step.run_id)
+        .where(Step.run_id.in_(run_ids), Step.output_sha256.is_not(None))
+        .distinct()
+    ).all()
+    return [(owner, str(sha256)) for owner, sha256 in rows]
+
+
+def _delete_unreferenced(
+    session: Session, cutoff: datetime, candidates: list[tuple[str, str]]
+) -> tuple[int, list[str]]:
+    """Delete the candidates no step of their owner references any more and no store stamped
+    since ``cutoff``; the count, and the hashes no owner's row names now."""
+    deleted = 0
+    for owner, sha256 in candidates:
+        still = exists().where(
+            Step.output_sha256 == sha256, Step.run_id == Run.id, Run.owner == owner
+        )
+        done = session.execute(
+            delete(Artifact)
+            .where(Artifact.owner == owner, Artifact.sha256 == sha256)
+            .where(Artifact.used_at < cutoff, ~still)
+            .execution_options(synchronize_session=False)
+        )
+        deleted += int(done.rowcount or 0)  # type: ignore[attr-defined]
+    hashes = sorted({sha256 for _, sha256 in candidates})
+    named = set(session.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(hashes))))
+    return deleted, [sha256 for sha256 in hashes if sha256 not in named]
+
+
+def _unlink(folder: str | None, hashes: list[str], cutoff: datetime) -> None:
+    """Remove the files of ``hashes`` not written since ``cutoff`` (a store touches its file)."""
+    if folder is None:
+        return
+    for sha256 in hashes:
+        path = artifacts.file_path(Path(folder), sha256)
+        try:
+            if path.stat().st_mtime < cutoff.timestamp():
+                os.unlink(path)
+        except FileNotFoundError:
+            continue
+
+
+def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, Any]:
+    """Delete at most ``batch`` prunable runs (oldest first), all their rows and the
+    artifacts nothing else references (``unnamed``: the hashes whose files may go)."""
     ids = list(
         session.scalars(
             select(Run.id).where(*_prunable(cutoff)).order_by(Run.finished_at).limit(batch)
@@ -74,7 +153,8 @@ def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, in
         return {"runs": 0}
     branch_ids = list(session.scalars(select(Run.id).where(Run.parent_run_id.in_(ids))))
     every = ids + branch_ids
-    deleted = {"runs": len(ids), "branch_runs": len(branch_ids)}
+    deleted: dict[str, Any] = {"runs": len(ids), "branch_runs": len(branch_ids)}
+    candidates = _artifacts(session, every)
     for model in _CHILDREN:
         done = session.execute(
             delete(model)
@@ -87,6 +167,7 @@ def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, in
             session.execute(
                 delete(Run).where(Run.id.in_(chunk)).execution_options(synchronize_session=False)
             )
+    deleted["artifacts"], deleted["unnamed"] = _delete_unreferenced(session, cutoff, candidates)
     return deleted
 
 
@@ -96,9 +177,11 @@ def prune(
     cutoff: datetime,
     batch: int = DEFAULT_BATCH,
     dry_run: bool = False,
+    artifact_dir: str | None = None,
 ) -> dict[str, Any]:
     """Delete every run that ended before ``cutoff`` in batches of ``batch`` runs, each batch
-    its own transaction; with ``dry_run``, count them and delete nothing."""
+    its own transaction (then the files in ``artifact_dir`` it left unnamed); with
+    ``dry_run``, count them and delete nothing."""
     started = time.perf_counter()
     report: dict[str, Any] = {"cutoff": cutoff.isoformat(), "dry_run": dry_run, "batches": 0}
     if dry_run:
@@ -110,6 +193,7 @@ def prune(
             if not deleted["runs"]:
                 break
             report["batches"] += 1
+            _unlink(artifact_dir, deleted.pop("unnamed"), cutoff)
             for key, value in deleted.items():
                 totals[key] = totals.get(key, 0) + value
         report.update({"runs": 0, **totals})

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import cancellation, chains, claims, launching, reruns, summaries
+from orchestration import artifacts, cancellation, chains, claims, launching, reruns, summaries
 from orchestration.db import check_ready, utcnow
 from orchestration.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
 from orchestration.execution import approving, branching
 from orchestration.followups import Done
 from orchestration.models import Run, RunEvent, Step
+from orchestration.observability import context, tracing
 from orchestration.records import RunRecord, to_record
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.executor import Executor, TaskQueue
@@ -65,6 +67,7 @@ class Orchestrator:
         """Settings from ``ORCH_*``, sending through the configured broker."""
         settings = get_settings()
         check_ready(settings.database_url)
+        tracing.setup(settings, "orchestration")
         return cls(settings, client_queue(settings))
 
     # -- reads -----------------------------------------------------------------------------
@@ -125,6 +128,31 @@ class Orchestrator:
         """The run's journal, oldest first."""
         return self.transact(lambda session: Done(self._journal(session, run_id, owner)))
 
+    def output(self, run_id: str, step_id: str, *, owner: str) -> artifacts.Output:
+        """A step's output, inline or as its verified artifact (see :meth:`artifact_bytes`).
+        Raises :class:`RunNotFound`, :class:`ValidationError` for an unknown step, and
+        :class:`~orchestration.errors.ArtifactCorrupt` when the stored bytes changed."""
+
+        def read(session: Session) -> Done[artifacts.Output]:
+            run = self._owned(session, run_id, owner)
+            step = session.scalars(
+                select(Step).where(Step.run_id == run.id, Step.step_id == step_id)
+            ).first()
+            if step is None:
+                raise ValidationError("step", f"run {run_id} has no step {step_id!r}")
+            return Done(artifacts.step_output(session, self.settings, owner, step))
+
+        return self.transact(read)
+
+    def artifact_bytes(self, sha256: str, *, owner: str) -> Iterator[bytes]:
+        """The bytes of an artifact of ``owner``, a chunk per short transaction."""
+        return artifacts.stream(
+            lambda read: self.transact(lambda session: Done(read(session))),
+            self.settings,
+            owner,
+            sha256,
+        )
+
     # -- writes ----------------------------------------------------------------------------
     def launch(
         self,
@@ -149,7 +177,8 @@ class Orchestrator:
             raise ValidationError(
                 "on_conflict", f"must be one of {[p.value for p in claims.OnConflict]}"
             ) from None
-        return launching.launch_then(
+        started, now = time.time_ns(), self.clock()
+        record = launching.launch_then(
             self.transact,
             self.settings,
             workflow,
@@ -158,9 +187,10 @@ class Orchestrator:
             request_id=request_id,
             concurrency_key=concurrency_key,
             on_conflict=policy,
-            now=self.clock(),
+            now=now,
             read=lambda session, run_id: self._record(session, self._owned(session, run_id, owner)),
         )
+        return _traced_launch(record, started, now, owner=owner)
 
     def rerun(
         self,
@@ -177,7 +207,8 @@ class Orchestrator:
         step that did not complete."""
         source = self.transact(lambda session: Done(reruns.source(session, run_id, owner)))
         reuse = reruns.plan(source, from_step)
-        return launching.launch_then(
+        started, now = time.time_ns(), self.clock()
+        record = launching.launch_then(
             self.transact,
             self.settings,
             source.workflow,
@@ -186,29 +217,31 @@ class Orchestrator:
             request_id=request_id,
             concurrency_key=source.concurrency_key,
             on_conflict=claims.OnConflict(source.on_conflict or "reject"),
-            now=self.clock(),
+            now=now,
             read=lambda session, new_id: self._record(session, self._owned(session, new_id, owner)),
             reuse=reuse,
         )
+        return _traced_launch(record, started, now, owner=owner, rerun_of=run_id)
 
     def cancel(self, run_id: str, *, owner: str, graceful: bool = False) -> RunRecord:
         """Cancel the run. Returns the terminal ``cancelled`` record (or the run unchanged if it
         had already ended). With ``graceful``, only the request is recorded: the step honours
         it at its next execution, and the sweeper enforces it after ``ORCH_CANCEL_GRACE``."""
         self.transact(lambda session: Done(self._owned(session, run_id, owner)))
-        requested = cancellation.request(
-            self.transact, self.settings, run_id, now=self.clock(), by=f"owner {owner}"
-        )
-        if requested and not graceful:
-            cancellation.finish(
-                self.transact,
-                self.settings,
-                run_id,
-                now=self.clock(),
-                stop_reason=StopReason.CANCEL_REQUESTED,
-                cause="cancelled by the caller",
-                revoke=True,
+        with context.acting(run_id, "run.cancel", owner=owner, graceful=graceful):
+            requested = cancellation.request(
+                self.transact, self.settings, run_id, now=self.clock(), by=f"owner {owner}"
             )
+            if requested and not graceful:
+                cancellation.finish(
+                    self.transact,
+                    self.settings,
+                    run_id,
+                    now=self.clock(),
+                    stop_reason=StopReason.CANCEL_REQUESTED,
+                    cause="cancelled by the caller",
+                    revoke=True,
+                )
         return self.get(run_id, owner=owner)
 
     def answer(self, run_id: str, step_id: str, value: Any, *, owner: str) -> RunRecord:
@@ -351,6 +384,13 @@ class Orchestrator:
             branches=branching.listed(session, run.id),
             reruns=reruns,
         )
+
+
+def _traced_launch(record: RunRecord, started: int, now: datetime, **attributes: Any) -> RunRecord:
+    """The launch span of a run this call created (not of one its request id found)."""
+    if record.created_at == now:
+        tracing.launch(record.id, started, workflow=record.workflow_name, **attributes)
+    return record
 
 
 def is_terminal(record: RunRecord) -> bool:

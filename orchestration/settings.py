@@ -16,13 +16,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import ErrorDetails
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic_settings import SettingsConfigDict, SettingsError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from orchestration.egress import AllowList
 from orchestration.errors import ConfigurationError
 from orchestration.secret_declarations import declared, decode_declared
+from orchestration.tenant_limits import TenantLimits
 from orchestration.url_checks import check_broker_url, check_database_url, check_web_url
 
 #: Slack added to bounds that depend on two clocks and a queue (seconds).
@@ -42,8 +43,9 @@ NON_TERMINATING_SIGNALS = frozenset(
 )
 
 
-class Settings(BaseSettings):
-    """Configuration; each field is the environment variable ``ORCH_<FIELD>``."""
+class Settings(TenantLimits):
+    """Configuration; each field is the environment variable ``ORCH_<FIELD>`` (the bounds on
+    what a tenant launches and stores are in :class:`TenantLimits`)."""
 
     # ``nan`` and ``inf`` parse as floats but pass or break every bound; refuse them.
     model_config = SettingsConfigDict(
@@ -119,19 +121,6 @@ class Settings(BaseSettings):
     #: Most branches of one step running at once (``max_concurrency``, and its default).
     max_branch_concurrency: int = Field(32, ge=1)
 
-    #: Limits on what callers may launch.
-    max_active_runs: int = Field(10000, ge=1)
-    max_active_runs_per_owner: int = Field(1000, ge=1)
-    max_steps: int = Field(100, ge=1)
-    max_args_bytes: int = Field(65536, ge=2)
-    max_task_bytes: int = Field(65536, ge=2)
-    max_output_bytes: int = Field(1048576, ge=2)
-    #: Bounds on what a tenant's template renders to and a provider returns.
-    max_rendered_task_bytes: int = Field(262144, ge=2)
-    max_provider_id_chars: int = Field(200, ge=8, le=200)
-    max_error_chars: int = Field(2000, ge=80, le=100000)
-    max_prompt_bytes: int = Field(65536, ge=2)
-
     #: Redis visibility timeout: above any countdown plus a step's runtime (seconds).
     visibility_timeout: float = Field(3600.0, gt=0)
     #: How ``cancel`` kills an executing step task (prefork): SIGKILL cannot be caught.
@@ -146,6 +135,18 @@ class Settings(BaseSettings):
     #: Storage of the scripted provider's turns; defaults beside the database (see
     #: :func:`orchestration.providers.scripted.store_url`).
     scripted_url: str | None = None
+
+    #: ``json``: every log line is one JSON object with its run, step, attempt and task.
+    log_format: Literal["text", "json"] = "text"
+    #: OTLP/HTTP collector base URL for traces (off unless set, or ``OTEL_EXPORTER_OTLP_*``).
+    otel_endpoint: str | None = None
+
+    @field_validator("otel_endpoint")
+    @classmethod
+    def _otel_endpoint(cls, value: str | None) -> str | None:
+        if value:
+            check_web_url(value)
+        return value or None
 
     @field_validator("database_url")
     @classmethod

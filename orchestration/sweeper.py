@@ -39,6 +39,7 @@ from orchestration.errors import IllegalTransition
 from orchestration.execution import approving, branching
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step, SweeperBeat
+from orchestration.observability import context, tracing
 from orchestration.settings import Settings
 from orchestration.states import (
     RUN_LIVE,
@@ -127,16 +128,19 @@ class Sweeper:
         rule = sweep_rules.owner(self.settings, run, now)
         if rule is None or not rule.due(self.settings, run, now):
             return None
-        done: bool = getattr(self, f"_{rule.name}")(run, rule, now)
+        with context.acting(run.id, f"sweeper.{rule.name}", owner=run.owner):
+            done: bool = getattr(self, f"_{rule.name}")(run, rule, now)
+            tracing.annotate({"acted": done})
         return rule.name if done else None
 
     def _branch_ended(self, run: Run, now: datetime) -> str | None:
         """A live branch run of an ended parent: the parent's hand-off was lost."""
 
-        ended = self.transact(
-            lambda session: branching.end_orphan(session, self.settings, run.id, now),
-            lock_timeout=self.lock_timeout,
-        )
+        with context.acting(run.id, "sweeper.branches_ended", owner=run.owner):
+            ended = self.transact(
+                lambda session: branching.end_orphan(session, self.settings, run.id, now),
+                lock_timeout=self.lock_timeout,
+            )
         return "branches_ended" if ended else None
 
     def _branches_admitted(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:

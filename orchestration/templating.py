@@ -121,6 +121,17 @@ def has_placeholders(task: Any) -> bool:
     return any(PLACEHOLDER.search(text) for _, text in _strings(task, "task"))
 
 
+def named_steps(task: Any) -> set[str]:
+    """The step ids whose outputs ``task``'s placeholders name (their artifacts are loaded
+    to render it; the others' are not)."""
+    return {
+        parts[1]
+        for _, text in _strings(task, "task")
+        for parts in (expr.split(".") for expr in PLACEHOLDER.findall(text))
+        if len(parts) >= 2 and parts[0] == "steps"
+    }
+
+
 def render(
     task: Any, context: Mapping[str, Any], field: str = "task", *, limit: int | None = None
 ) -> Any:

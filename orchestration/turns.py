@@ -23,6 +23,7 @@ from orchestration import bounds, providers
 from orchestration.errors import PermanentProviderError, ProviderError, ValidationError
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
+from orchestration.observability import tracing
 from orchestration.providers import budget
 from orchestration.providers.base import TurnRef
 from orchestration.settings import MARGIN_SECONDS, Settings
@@ -94,7 +95,8 @@ def stop_once(settings: Settings, turn: LiveTurn) -> Stopped:
     """One bounded provider cancel. An outage is ``pending`` (worth another attempt); a
     refusal is ``failed``. The error is redacted and bounded, fit to store."""
     try:
-        providers.get_provider(turn.provider, settings).cancel(turn.ref)
+        with tracing.span("provider.cancel", provider=turn.provider, key=turn.ref.key):
+            providers.get_provider(turn.provider, settings).cancel(turn.ref)
     except PermanentProviderError as exc:
         return Stopped(turn, TurnStopStatus.FAILED, bounds.error_text(str(exc), settings))
     except (ProviderError, ValidationError) as exc:

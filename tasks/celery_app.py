@@ -12,6 +12,8 @@ from celery.signals import worker_process_init
 from beat_schedule import beat_schedule
 from orchestration.db import dispose_engines
 from orchestration.errors import ConfigurationError
+from orchestration.observability import tracing
+from orchestration.runtime import celery_observing
 from orchestration.runtime.celery_config import configure
 from orchestration.runtime.celery_queue import CeleryQueue
 from orchestration.runtime.executor import Executor
@@ -19,11 +21,14 @@ from orchestration.settings import get_settings
 
 try:
     settings = get_settings()
+    # Before the pool forks: the SDK restarts its export thread in each child.
+    tracing.setup(settings, "orchestration-worker")
 except ConfigurationError as exc:
     # ``celery -A tasks worker`` with a bad setting: one line naming the variable, exit 2.
     sys.stderr.write(f"error: {exc}\n")
     raise SystemExit(2) from None
 app = configure(Celery("orchestration"), settings)
+celery_observing.install(settings)
 app.conf.beat_schedule = beat_schedule(settings)
 app.conf.include = ["tasks.steps", "tasks.sweeper", "tasks.turns"]
 #: Every task reaches the domain through this executor: one transaction per call, then the

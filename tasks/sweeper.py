@@ -35,4 +35,4 @@ def prune() -> dict[str, Any]:
     time limit loses only its current batch (rolled back), and the next pass goes on."""
     assert settings.retention_days is not None
     cutoff = utcnow() - timedelta(days=settings.retention_days)
-    return retention.prune(executor, cutoff=cutoff)
+    return retention.prune(executor, cutoff=cutoff, artifact_dir=settings.artifact_dir)

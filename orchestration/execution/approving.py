@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import closing, effects, health, specs
+from orchestration import artifacts, closing, effects, health, specs
 from orchestration.errors import ConflictError, ValidationError
 from orchestration.execution import finishing, parking
 from orchestration.execution.outcomes import Halt, Outcome
@@ -150,7 +150,7 @@ def _settle(
     if go_on:
         parking.unpark(session, run, step, now)
         return finishing.complete(
-            session, settings, run, step, output, _SETTLED, now,
+            session, settings, run, step, artifacts.Kept(output), _SETTLED, now,
             steps=len(specs.of_run(session, run.id)), chained=False,
             values={"output": output, "prompt": None},
         ).then  # fmt: skip

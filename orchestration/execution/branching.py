@@ -6,7 +6,9 @@ parallel step) in its claim's transaction: a run of one step, with the parent's 
 pointing back through ``parent_run_id``, ``parent_step`` and ``branch``. A branch run is a run
 in every other respect (parks, human answers, effects, retries, cancel, explain, Flower). The
 first ``max_concurrency`` are sent; the others wait with ``claim = slot``. The parent parks
-(``branches``) and no worker waits for it.
+(``branches``) and no worker waits for it. In a rerun, the branches that completed in the
+source with the same input are written ``completed`` instead and not sent
+(``branch_runs``); when every branch is, the step joins at once.
 
 A branch run's end (``closing.end_run``, a compare-and-set like every end) hands its parent
 to :func:`settle` after commit. Under the parent row's lock, ``settle`` admits waiting
@@ -24,7 +26,6 @@ live branches to end after commit (``Followups.ends``), so no two writers wait o
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -32,23 +33,21 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestration import (
+    artifacts,
     bounds,
     chains,
     closing,
-    deadlines,
     effects,
     specs,
-    step_specs,
     templating,
     workflows,
 )
 from orchestration.errors import LimitExceeded, ValidationError
-from orchestration.execution import finishing, parking
+from orchestration.execution import branch_runs, finishing, parking
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome
 from orchestration.execution.rows import fail
-from orchestration.followups import ChainPlan, Done, Followups
-from orchestration.launching import new_step, queued_event
+from orchestration.followups import Done, Followups
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import (
@@ -102,11 +101,22 @@ def expand(
             fail(session, settings, run_id, f"step {spec.id}: {exc}", now),
         )
     step = session.get(Step, entry.step.pk, populate_existing=True)
-    assert step is not None
+    run = session.get(Run, run_id)
+    assert step is not None and run is not None
+    planned = [
+        branch_runs.branch(run, spec, i, key, b, item) for i, (key, b, item) in enumerate(branches)
+    ]
+    sources = branch_runs.reusable(session, run, step.index)
+    reused = {
+        one.index: sources[one.index]
+        for one in planned
+        if branch_runs.same(one, sources.get(one.index), context, settings)
+    }
     items = [item for _, _, item in branches] if spec.for_each is not None else None
+    also = f"; {len(reused)} reused from run {run.rerun_of}" if reused else ""
     transition_step(
-        session, step, StepStatus.RUNNING, cause=f"{len(branches)} branches starting", now=now,
-        values={"input": items if items is not None else [key for key, _, _ in branches]},
+        session, step, StepStatus.RUNNING, cause=f"{len(branches)} branches starting{also}",
+        now=now, values={"input": items if items is not None else [key for key, _, _ in branches]},
         seen=StepStatus.PENDING,
     )  # fmt: skip
     if entry.run_status is RunStatus.QUEUED:
@@ -114,19 +124,23 @@ def expand(
             session, run_id, RunStatus.RUNNING, cause="first step starting", now=now,
             seen=RunStatus.QUEUED,
         )  # fmt: skip
-    run = session.get(Run, run_id, populate_existing=True)
-    assert run is not None
-    session.refresh(step)  # transitions write SQL directly
-    if not branches:
-        # An empty for_each has nothing to wait for: its output is the empty list.
-        return Done(Halt("no branches"), _join(session, settings, run, step, spec, [], now))
+    session.refresh(run)  # transitions write SQL directly
+    session.refresh(step)
+    for one in planned:
+        if one.index in reused:
+            branch_runs.write_reused(session, run, spec, one, reused[one.index], now)
+    fresh = [one for one in planned if one.index not in reused]
+    if not fresh:
+        # An empty for_each, or every branch reused: nothing to wait for.
+        joined = of_step(session, run_id, step.index)
+        return Done(
+            Halt("no branches to run"), _join(session, settings, run, step, spec, joined, now)
+        )
     parking.park(session, settings, run, step, ParkReason.BRANCHES, now)
     slots = limit(spec, settings)
     plans = [
-        _write_branch(
-            session, settings, run, spec, index, key, branch, item, now, admit=index < slots
-        )
-        for index, (key, branch, item) in enumerate(branches)
+        branch_runs.write(session, settings, run, spec, one, now, admit=position < slots)
+        for position, one in enumerate(fresh)
     ]
     return Done(
         Halt("waiting for branches"),
@@ -134,15 +148,12 @@ def expand(
     )
 
 
-_NO_ITEM = object()
-
-
 def _branches(
     spec: StepSpec, context: dict[str, Any], settings: Settings
 ) -> list[tuple[str, StepSpec, Any]]:
     """``(key, step, item)`` per branch, in branch order."""
     if spec.parallel is not None:
-        return [(branch.id, branch, _NO_ITEM) for branch in spec.parallel.steps]
+        return [(branch.id, branch, branch_runs.NO_ITEM) for branch in spec.parallel.steps]
     assert spec.step is not None
     field = f"steps.{spec.id}.for_each"
     items = workflows.items_of(
@@ -151,54 +162,6 @@ def _branches(
         settings,
     )
     return [(str(index), spec.step, item) for index, item in enumerate(items)]
-
-
-def _write_branch(
-    session: Session, settings: Settings, parent: Run, spec: StepSpec, index: int, key: str,
-    branch: StepSpec, item: Any, now: datetime, *, admit: bool,
-) -> ChainPlan | None:  # fmt: skip
-    """Insert one branch run and its step; return its first segment if it is admitted now."""
-    run_id = uuid.uuid4().hex
-    only = step_specs.canonical_step(branch)
-    definition = {"name": f"{parent.workflow_name}/{spec.id}"[:200], "steps": [only]}
-    plan = chains.plan_chain(run_id, 0, 1) if admit else None
-    session.add(
-        Run(
-            id=run_id,
-            owner=parent.owner,
-            request_id=f"{parent.id}.{parent.current_step}.{index}",
-            fingerprint=workflows.fingerprint(definition, parent.args, {"branch": index}),
-            workflow_name=definition["name"],
-            workflow=definition,
-            args=parent.args,
-            status=RunStatus.QUEUED.value,
-            created_at=now,
-            updated_at=now,
-            heartbeat_at=now,
-            # Admitted: its heartbeat's deadline; waiting for a slot: its parent's, which ends
-            # it if nothing else does.
-            deadline_at=deadlines.compute(settings, RunStatus.QUEUED, heartbeat_at=now)
-            if admit
-            else parent.deadline_at,
-            task_ids=plan.task_ids if plan else [],
-            current_step=0,
-            rearms=0,
-            claim=None if admit else ClaimState.SLOT.value,
-            needs_review=False,
-            parent_run_id=parent.id,
-            parent_step=parent.current_step,
-            branch=index,
-            branch_key=key,
-            branch_context=None if item is _NO_ITEM else {"item": item, "index": index},
-        )
-    )
-    session.add(new_step(run_id, 0, only, now, task_id=plan.links[0].task_id if plan else None))
-    waiting = "" if admit else "; waiting for a slot"
-    session.add(
-        queued_event(run_id, f"branch {key} of step {spec.id} of run {parent.id}{waiting}", now)
-    )
-    specs.remember(run_id, (branch,))
-    return plan
 
 
 def settle(
@@ -256,6 +219,7 @@ def of_step(session: Session, run_id: str, index: int) -> list[Any]:
                 Step.attempt,
                 Step.provider_run_id,
                 Step.output,
+                Step.output_sha256,
             )
             .join(Step, (Step.run_id == Run.id) & (Step.index == 0))
             .where(Run.parent_run_id == run_id, Run.parent_step == index)
@@ -274,7 +238,9 @@ def listed(session: Session, run_id: str) -> dict[int, list[dict[str, Any]]]:
             listed[index] = [
                 {
                     "id": row.branch_key, "index": row.branch, "run_id": row.id,
-                    "status": row.status.value, "attempt": row.attempt, "output": row.output,
+                    "status": row.status.value, "attempt": row.attempt,
+                    "output": None if row.output_sha256 else row.output,
+                    "output_artifact": row.output if row.output_sha256 else None,
                     "error": row.error, "provider_run_id": row.provider_run_id,
                 }
                 for row in rows
@@ -297,18 +263,21 @@ def _join(
 ) -> Followups:  # fmt: skip
     """Every branch completed: the step's output is theirs, as a list in item order
     (``for_each``) or a map by step id (``parallel``)."""
-    output: Any
+    values = [artifacts.resolved(session, settings, run.owner, branch) for branch in branches]
+    output: Any = values
     if spec.parallel is not None:
-        output = {branch.branch_key: branch.output for branch in branches}
-    else:
-        output = [branch.output for branch in branches]
-    too_big = bounds.over(output, settings.max_output_bytes, "the output", "ORCH_MAX_OUTPUT_BYTES")
-    if too_big:
-        return fail(session, settings, run.id, f"step {spec.id}: {too_big}", now, over=True)
+        output = {branch.branch_key: value for branch, value in zip(branches, values, strict=True)}
+    kept = artifacts.keep(
+        session, settings, owner=run.owner, run_pk=run.id, step_index=step.index, value=output,
+        now=now,
+    )  # fmt: skip
+    if isinstance(kept, str):
+        return fail(session, settings, run.id, f"step {spec.id}: {kept}", now, over=True)
     parking.unpark(session, run, step, now)
     return finishing.complete(
-        session, settings, run, step, output, _SETTLED, now,
-        steps=len(specs.of_run(session, run.id)), chained=False, values={"output": output},
+        session, settings, run, step, kept, _SETTLED, now,
+        steps=len(specs.of_run(session, run.id)), chained=False,
+        values={"output": kept.value, "output_sha256": kept.sha256},
     ).then  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestration import bounds, effects, providers
 from orchestration.errors import PermanentProviderError, RetryableProviderError
+from orchestration.observability import tracing
 from orchestration.providers.base import FINISHED, ProviderStatus, TurnRef, TurnStatus
 from orchestration.settings import Settings
 
@@ -18,7 +19,8 @@ def status(
     failed one; an outage raises (``raise_outage``) or reads as still pending."""
     provider = providers.get_provider(provider_name, settings)
     try:
-        observed = provider.status(ref)
+        with tracing.span("provider.status", provider=provider_name, key=ref.key):
+            observed = provider.status(ref)
     except RetryableProviderError:
         if raise_outage:
             raise

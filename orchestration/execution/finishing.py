@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, chains, closing, deadlines, effects
+from orchestration import artifacts, chains, closing, deadlines, effects
 from orchestration.execution.outcomes import Halt, Outcome, Poll, Proceed
 from orchestration.execution.parking import unpark
 from orchestration.execution.rows import fail
@@ -44,16 +44,25 @@ def finish(
     recorded: Mapping[str, Any],
 ) -> Done[Outcome | EffectsDue]:
     """Record the turn's output (with ``recorded``, the other step columns the caller has to
-    write); with ``captured`` (the inline checkpoint attempt), settle the effects and
-    complete the step in this transaction, all of the step's columns in one statement."""
-    too_big = bounds.over(output, settings.max_output_bytes, "the output", "ORCH_MAX_OUTPUT_BYTES")
-    if too_big:
+    write; an output over ``ORCH_INLINE_OUTPUT_BYTES`` as an artifact's reference); with
+    ``captured`` (the inline checkpoint attempt), settle the effects and complete the step in
+    this transaction, all of the step's columns in one statement."""
+    kept = artifacts.keep(
+        session,
+        settings,
+        owner=run.owner,
+        run_pk=run.id,
+        step_index=step.index,
+        value=output,
+        now=now,
+    )
+    if isinstance(kept, str):
         return Done(
             Halt("output too large"),
-            fail(session, settings, run.id, f"step {step.step_id}: {too_big}", now, over=True),
+            fail(session, settings, run.id, f"step {step.step_id}: {kept}", now, over=True),
         )
     unpark(session, run, step, now)
-    values = {**recorded, "output": output, "error": None}
+    values = {**recorded, "output": kept.value, "output_sha256": kept.sha256, "error": None}
     if captured is not None:
         progress = effects.record_capture(session, settings, step, captured, now)
         if progress.settled:
@@ -62,7 +71,7 @@ def finish(
                 settings,
                 run,
                 step,
-                output,
+                kept,
                 progress,
                 now,
                 steps=steps,
@@ -92,7 +101,7 @@ def complete(
     settings: Settings,
     run: Run,
     step: Step,
-    output: Any,
+    result: artifacts.Kept,
     progress: effects.Progress,
     now: datetime,
     *,
@@ -101,7 +110,7 @@ def complete(
     values: Mapping[str, Any] | None = None,
 ) -> Done[Outcome | EffectsDue]:
     """Effects settled: complete the step (writing ``values`` too) and move the run to the
-    next step, or end it.
+    next step, or end it (with the step's output, as its row keeps it, for ``result``).
 
     ``chained`` says whether this execution's message carries the next link; if not (the
     last link of a segment, or a step that polled), the next segment is armed here."""
@@ -141,7 +150,8 @@ def complete(
             stop_reason=StopReason.COMPLETED,
             cause="last step completed",
             now=now,
-            result=output,
+            result=result.value,
+            result_sha256=result.sha256,
             revoke=False,
         )
         return Done(Proceed(), then)

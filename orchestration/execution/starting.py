@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import templating, turns
-from orchestration.errors import LimitExceeded, ValidationError
+from orchestration import artifacts, templating, turns
+from orchestration.errors import ArtifactCorrupt, ArtifactNotFound, LimitExceeded, ValidationError
 from orchestration.execution import approving, branching, retrying
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome, Poll
@@ -27,6 +27,7 @@ from orchestration.models import Run, Step
 from orchestration.providers.base import TurnRequest
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
+from orchestration.step_specs import StepSpec
 from orchestration.transitions import touch_step, transition_run, transition_step
 
 
@@ -61,13 +62,23 @@ def claim(
         # fence to this one) hands the turn's id to the step. Starting again would call the
         # provider twice for one key; this execution looks again after a poll interval.
         return Done(Poll(entry.spec.poll_interval, entry.tick))
-    if entry.spec.branching:
-        return branching.expand(session, settings, run_id, entry, _context(session, run_id), now)
     approval = entry.spec.approval
-    template, field = (entry.spec.task, "task") if approval is None else (approval.prompt, "prompt")
+    template, field = _template(entry.spec), "task" if approval is None else "prompt"
+    if entry.spec.branching:
+        # The items, and the branches' own templates: a rerun compares what they render to.
+        template = [entry.spec.for_each, *map(_template, _branch_steps(entry.spec))]
     context: dict[str, Any] = {"args": {}, "steps": {}}
-    if templating.has_placeholders(template):
-        context = _context(session, run_id)
+    try:
+        if entry.spec.branching or templating.has_placeholders(template):
+            context = _context(session, settings, run_id, template)
+    except (ArtifactCorrupt, ArtifactNotFound) as exc:
+        # An earlier output this template reads cannot be read back: nothing can be rendered.
+        return Done(
+            Halt("an output it reads is unreadable"),
+            fail(session, settings, run_id, f"step {step.step_id}: {exc}", now),
+        )
+    if entry.spec.branching:
+        return branching.expand(session, settings, run_id, entry, context, now)
     try:
         rendered = templating.render(
             template, context, field, limit=settings.max_rendered_task_bytes
@@ -128,17 +139,40 @@ def claim(
     return Done(StartCall(request, step.provider))
 
 
-def _context(session: Session, run_id: str) -> dict[str, Any]:
-    """The run's args and the outputs of its completed steps, for the task's template; a
-    branch run sees its parent's completed steps, its ``item`` and its ``index`` too."""
-    args, parent, extra = session.execute(
-        select(Run.args, Run.parent_run_id, Run.branch_context).where(Run.id == run_id)
+def _branch_steps(spec: StepSpec) -> list[StepSpec]:
+    """The steps a branching step runs as branches."""
+    if spec.parallel is not None:
+        return list(spec.parallel.steps)
+    return [spec.step] if spec.step is not None else []
+
+
+def _template(spec: StepSpec) -> Any:
+    """What a step renders at its start: its task, or its approval's prompt."""
+    return spec.task if spec.approval is None else spec.approval.prompt
+
+
+def _context(session: Session, settings: Settings, run_id: str, template: Any) -> dict[str, Any]:
+    """The run's args and the outputs of its completed steps, for ``template``; a branch run
+    sees its parent's completed steps, its ``item`` and its ``index`` too. Only the artifacts
+    of the steps the template names are loaded."""
+    owner, args, parent, extra = session.execute(
+        select(Run.owner, Run.args, Run.parent_run_id, Run.branch_context).where(Run.id == run_id)
     ).one()
     rows = session.execute(
-        select(Step.step_id, Step.output).where(
+        select(Step.step_id, Step.output, Step.output_sha256).where(
             Step.run_id.in_([run_id] if parent is None else [parent, run_id]),
             Step.status == StepStatus.COMPLETED.value,
         )
     ).all()
-    context = {"args": args, "steps": {step_id: {"output": output} for step_id, output in rows}}
+    named = templating.named_steps(template)
+    outputs = {
+        row.step_id: artifacts.resolved(session, settings, owner, row)
+        if row.step_id in named
+        else row.output
+        for row in rows
+    }
+    context = {
+        "args": args,
+        "steps": {step_id: {"output": out} for step_id, out in outputs.items()},
+    }
     return {**context, **(extra or {})}

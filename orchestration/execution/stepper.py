@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, cancellation, effects, providers, specs, turns
+from orchestration import artifacts, bounds, cancellation, effects, providers, specs, turns
 from orchestration.db import utcnow
 from orchestration.errors import PermanentProviderError, RetryableProviderError
 from orchestration.execution import calls, finishing, observing, parking
@@ -32,6 +32,7 @@ from orchestration.execution.rows import MOVABLE, STARTABLE, Moved, fail, lock, 
 from orchestration.execution.starting import StartCall, claim
 from orchestration.followups import Done, Transact
 from orchestration.models import Run
+from orchestration.observability import context, tracing
 from orchestration.providers import budget
 from orchestration.providers.base import FINISHED, TurnRef, TurnStatus
 from orchestration.settings import Settings
@@ -88,6 +89,9 @@ class Stepper:
             return got
         entry = started[0]
         self.fenced_tick = entry.tick
+        context.bind(
+            step_id=entry.step.step_id, attempt=entry.step.attempt, phase=entry.phase.value
+        )
         if isinstance(got, StartCall):
             return self._start(run_id, index, entry, got, chained)
         if isinstance(got, (Poll, Proceed, Halt)):
@@ -113,7 +117,8 @@ class Stepper:
         # what follows them (the record, a cancel honoured) is outside it.
         with budget.within(self.settings.provider_timeout):
             try:
-                provider_run_id = provider.start(call.request)
+                with tracing.span("provider.start", provider=call.provider, key=call.request.key):
+                    provider_run_id = provider.start(call.request)
             except RetryableProviderError as exc:
                 outage = str(exc)
             except PermanentProviderError as exc:
@@ -322,7 +327,7 @@ class Stepper:
                 self.settings,
                 run,
                 step,
-                step.output,
+                artifacts.Kept(step.output, step.output_sha256),
                 progress,
                 now,
                 steps=len(specs.of_run(session, run_id)),

@@ -11,6 +11,7 @@ from functools import lru_cache
 from celery import Celery, chain
 
 from orchestration.followups import ChainPlan
+from orchestration.runtime import celery_observing
 from orchestration.runtime.celery_config import STEP_TASK, STOP_TASK, configure
 from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
@@ -60,6 +61,7 @@ class CeleryQueue:
 
 @lru_cache(maxsize=4)
 def _client_app(settings: Settings) -> Celery:
+    celery_observing.install(settings)
     return configure(Celery("orchestration-client", set_as_current=False), settings)
 
 

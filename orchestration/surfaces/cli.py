@@ -24,6 +24,7 @@ from typer._click import Context as ClickContext  # typer vendors click; its gro
 from typer.core import TyperGroup
 
 from orchestration.errors import ConfigurationError, OrchestrationError, ValidationError
+from orchestration.observability import logs, tracing
 from orchestration.records import RunRecord
 from orchestration.settings import get_settings
 from orchestration.states import RUN_TERMINAL, RunStatus
@@ -39,7 +40,9 @@ class _SettingsFirst(TyperGroup):
     def invoke(self, ctx: ClickContext) -> Any:
         if not ctx.resilient_parsing and "--help" not in ctx.args:
             try:
-                get_settings()
+                settings = get_settings()
+                logs.configure(settings.log_format)
+                tracing.setup(settings, "orchestration")
             except ConfigurationError as exc:
                 _fail(exc, "--json" in ctx.args)
         return super().invoke(ctx)

@@ -30,7 +30,9 @@ def styled(status: str) -> str:
     return f"[{_STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
-def _short(value: object) -> str:
+def _short(value: object, artifact: dict[str, object] | None = None) -> str:
+    if artifact is not None:
+        return f"artifact {artifact['size']} B sha256:{str(artifact['sha256'])[:12]}"
     return json.dumps(value, ensure_ascii=False)[:60] if value is not None else "-"
 
 
@@ -62,7 +64,7 @@ def show(console: Console, record: RunRecord) -> None:
             str(step.attempt),
             str(step.polls),
             step.last_provider_status or "-",
-            _short(step.output),
+            _short(step.output, step.output_artifact),
         )
         for branch in step.branches or []:
             table.add_row(
@@ -72,7 +74,7 @@ def show(console: Console, record: RunRecord) -> None:
                 str(branch["attempt"]),
                 "",
                 "",
-                _short(branch["output"]),
+                _short(branch["output"], branch.get("output_artifact")),
             )
     console.print(table)
     for step in record.steps:

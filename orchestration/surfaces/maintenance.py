@@ -46,7 +46,13 @@ def prune(
     settings = get_settings()
     cutoff = utcnow() - age(older_than)
     check_ready(settings.database_url)
-    report = retention.prune(Executor(settings, None), cutoff=cutoff, batch=batch, dry_run=dry_run)
+    report = retention.prune(
+        Executor(settings, None),
+        cutoff=cutoff,
+        batch=batch,
+        dry_run=dry_run,
+        artifact_dir=settings.artifact_dir,
+    )
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:

@@ -281,3 +281,81 @@ def test_login_form_needs_its_csrf_value(api: ApiServer, stack: Stack, owner: st
     with httpx.Client(base_url=api.url) as other:
         replayed = other.post("/dashboard/login", data={"token": token, "csrf": value})
         assert replayed.status_code == 403
+
+
+def _sign_in(browser: Browser, api: ApiServer, token: str) -> None:
+    browser.open(f"{api.url}/dashboard/login")
+    browser.type_into("input[name=token]", token)
+    browser.mark()
+    browser.click("button[type=submit].btn-primary")
+    browser.loaded()
+    assert browser.evaluate("location.pathname") == "/dashboard"
+
+
+def _two_steps(second: list[list[Any]]) -> dict[str, Any]:
+    flow = scripted([["completed"]], name="two-steps")
+    flow["steps"].append({**flow["steps"][0], "id": "s2", "with": {"states": second}})
+    return flow
+
+
+def test_the_rerun_button_reruns_an_ended_run_from_its_failed_step(
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+) -> None:
+    from tests.e2e.conftest import make_token
+
+    token = make_token(stack, owner, "browser")
+    failed = orch.launch(_two_steps([["failed"]]), owner=owner)
+    live = orch.launch(scripted([["running"]]), owner=owner)
+    wait_for(lambda: orch.get(failed.id, owner=owner).status == "failed", 20, what="failed")
+    wait_for(lambda: orch.get(live.id, owner=owner).status == "running", 20, what="running")
+    _sign_in(browser, api, token)
+
+    browser.open(f"{api.url}/dashboard/runs/{live.id}")
+    assert browser.evaluate("document.getElementById('rerun')") is None  # not for a live run
+    browser.open(f"{api.url}/dashboard/runs/{failed.id}")
+    options = browser.evaluate(
+        "Array.from(document.querySelectorAll('#from-step option')).map(o => o.value)"
+    )
+    assert options == ["", "s1", "s2"]
+    browser.screenshot("dashboard-run-failed.png")
+    browser.mark()
+    browser.click("#rerun")
+    browser.loaded()
+    path = browser.evaluate("location.pathname")
+    rerun_id = path.rsplit("/", 1)[-1]
+    assert path == f"/dashboard/runs/{rerun_id}" and rerun_id != failed.id
+    rerun = orch.get(rerun_id, owner=owner)
+    assert (rerun.rerun_of, rerun.steps[0].status) == (failed.id, "completed")
+    assert browser.evaluate("document.getElementById('rerun-of').innerText") == failed.id
+    wait_for(lambda: orch.get(rerun_id, owner=owner).status == "failed", 20, what="rerun ended")
+    browser.open(f"{api.url}/dashboard/runs/{failed.id}")
+    assert browser.evaluate("document.getElementById('reruns').innerText") == rerun_id
+    browser.screenshot("dashboard-run-reruns.png")
+
+    # The form's request id makes a double submit one rerun; a live run is refused clearly;
+    # another owner's run is not found.
+    with httpx.Client(base_url=api.url, cookies={"orch_token": token}) as client:
+        page = client.get(f"/dashboard/runs/{failed.id}").text
+        form = {
+            name: page.split(f'name="{name}" value="', 1)[1].split('"', 1)[0]
+            for name in ("csrf", "request_id")
+        }
+        posted = [
+            client.post(f"/dashboard/runs/{failed.id}/rerun", data={**form, "from_step": "s2"})
+            for _ in range(2)
+        ]
+        assert [p.status_code for p in posted] == [303, 303]
+        assert posted[0].headers["location"] == posted[1].headers["location"]
+        assert len(orch.get(failed.id, owner=owner).reruns) == 2
+        refused = client.post(f"/dashboard/runs/{live.id}/rerun", data=form)
+        assert refused.status_code == 409 and "is running" in refused.text, refused.text
+        assert "only a run that ended failed" in refused.text
+        theirs = orch.launch(scripted([["failed"]]), owner=owner + "-other")
+        hidden = client.post(f"/dashboard/runs/{theirs.id}/rerun", data=form)
+        assert hidden.status_code == 404
+    orch.cancel(live.id, owner=owner)

@@ -250,3 +250,28 @@ def test_a_cancel_mid_fan_out_leaves_no_live_turn(
     time.sleep(2.0)  # nothing admits the waiting branches after the cancel
     for branch in branches:
         assert len(_starts(stack, branch["run_id"])) == (1 if branch in started else 0)
+
+
+def test_a_rerun_runs_only_the_branches_that_did_not_complete(
+    worker: ManagedProcess, stack: Stack, orch: Orchestrator, owner: str
+) -> None:
+    flow = _drafts(
+        "all",
+        {**_branch([["completed"]]), "id": "quick", "task": "q"},
+        {**_branch([["running", 1.5], ["completed"]]), "id": "slow", "task": "s"},
+    )
+    source = orch.launch(flow, owner=owner)
+    wait_for(
+        lambda: [b["status"] for b in _branch_runs(orch, source.id, owner)][:1] == ["completed"],
+        20,
+        interval=0.05,
+        what="the quick branch completed",
+    )
+    assert orch.cancel(source.id, owner=owner).status == "cancelled"
+    rerun = orch.rerun(source.id, owner=owner)
+    done = finished(orch, rerun.id, owner, timeout=30)
+    assert (done.status, done.result) == ("completed", {"quick": "q", "slow": "s"})
+    quick, slow = done.steps[0].branches or []
+    assert (_starts(stack, quick["run_id"]), len(_starts(stack, slow["run_id"]))) == ([], 1)
+    causes = [e["cause"] for e in orch.events(quick["run_id"], owner=owner)]
+    assert any(cause.startswith("output reused from branch run") for cause in causes), causes

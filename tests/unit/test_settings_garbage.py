@@ -105,6 +105,10 @@ TEXT_GARBAGE: dict[str, SearchStrategy[str]] = {
         st.sampled_from(["nan", "inf", "-inf", "1e400", "0", "-1", "-0.5"]),
     ),
     "database_url": _database_urls(empty_is_unset=False),
+    "artifact_dir": st.one_of(
+        TEXT.filter(lambda text: bool(text) and not text.startswith("/")),
+        st.sampled_from(["artifacts", "./artifacts", "~/artifacts", "a/b"]),
+    ),
     "scripted_url": _database_urls(empty_is_unset=True),
     "broker_url": st.one_of(
         TEXT.filter(lambda text: "://" not in text),
@@ -148,6 +152,8 @@ TEXT_GARBAGE: dict[str, SearchStrategy[str]] = {
         st.sampled_from(["300.1.2.3", "10.0.0.0/99", "host:notaport", "host:99999", "a b"]),
     ),
 }
+#: The OTLP endpoint is a web URL like the webhook's, refused the same way.
+TEXT_GARBAGE["otel_endpoint"] = TEXT_GARBAGE["webhook_url"]
 
 
 def _numbers(field: FieldInfo) -> SearchStrategy[str]:

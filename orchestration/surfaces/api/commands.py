@@ -6,6 +6,7 @@ happen inside the commands, so the rest of the CLI starts as fast as before.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestration.errors import OrchestrationError
+from orchestration.observability import logs
 
 tokens_app = typer.Typer(
     help="API tokens (bearer tokens that act as an owner).", no_args_is_help=True
@@ -41,7 +43,12 @@ def serve(
         app = create_app()
     except OrchestrationError as exc:
         raise _fail(exc) from None
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    if app.state.orchestrator.settings.log_format == "json":
+        # uvicorn's own config would give its loggers text handlers; theirs go to the root.
+        logs.configure("json", logging.getLevelName(log_level.upper()))
+        uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=None)
+    else:
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
 @tokens_app.command("create")

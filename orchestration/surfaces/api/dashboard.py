@@ -23,8 +23,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from orchestration.errors import ConflictError, OrchestrationError, RunNotFound, ValidationError
+from orchestration import reruns
+from orchestration.errors import (
+    ConflictError,
+    IdempotencyConflict,
+    OrchestrationError,
+    RunNotFound,
+    ValidationError,
+)
 from orchestration.execution import approving
+from orchestration.records import RunRecord
 from orchestration.service import Orchestrator
 from orchestration.states import RUN_TERMINAL, Health, RunStatus
 from orchestration.surfaces.api import paging
@@ -165,7 +173,8 @@ def run_page(
     run_id: str,
     refresh: Annotated[int | None, Query(ge=2, le=3600)] = None,
 ) -> Response:
-    """One run: its steps, its journal as a timeline, the explanation and a cancel button."""
+    """One run: its steps, its journal as a timeline, the explanation, and a cancel button
+    (live) or a rerun form (ended other than completed)."""
     signed_in = _session(request)
     if signed_in is None:
         return _to_login()
@@ -187,6 +196,9 @@ def run_page(
         relative=relative,
         csrf=csrf_value(token),
         terminal=RunStatus(record.status) in RUN_TERMINAL,
+        rerunnable=RunStatus(record.status) in reruns.RERUNNABLE,
+        # One request id per rendered form: a double submit launches one rerun.
+        rerun_request=f"dashboard-{secrets.token_urlsafe(16)}",
         refresh=refresh,
         max_comment=approving.MAX_COMMENT_CHARS,
     )
@@ -200,10 +212,10 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 async def _posted(
-    request: Request, run_id: str, act: Callable[[Orchestrator, str, dict[str, str]], Any]
+    request: Request, act: Callable[[Orchestrator, str, dict[str, str]], RunRecord]
 ) -> Response:
-    """A run page's form: signed in, its CSRF value checked, ``act`` run, then the run shown
-    again (303, so a reload does not repost)."""
+    """A run page's form: signed in, its CSRF value checked, ``act`` run, then the run it
+    returns shown (303, so a reload does not repost): the same run, or a new rerun."""
     signed_in = await run_in_threadpool(_session, request)
     if signed_in is None:
         return _to_login()
@@ -218,12 +230,12 @@ async def _posted(
             message="the form is stale or came from another site; reload the run page",
         )
     try:
-        await run_in_threadpool(act, orch, owner, form)
+        record = await run_in_threadpool(act, orch, owner, form)
     except RunNotFound as exc:
         return _page("error.html", 404, owner=owner, title="Not found", message=str(exc))
-    except (ConflictError, ValidationError) as exc:
+    except (ConflictError, IdempotencyConflict, ValidationError) as exc:
         return _page("error.html", 409, owner=owner, title="Not done", message=str(exc))
-    return RedirectResponse(f"/dashboard/runs/{run_id}", status_code=303)
+    return RedirectResponse(f"/dashboard/runs/{record.id}", status_code=303)
 
 
 @router.post("/runs/{run_id}/cancel")
@@ -231,7 +243,6 @@ async def cancel_run(request: Request, run_id: str) -> Response:
     """The cancel button."""
     return await _posted(
         request,
-        run_id,
         lambda orch, owner, form: orch.cancel(
             run_id, owner=owner, graceful=form.get("graceful") == "true"
         ),
@@ -243,13 +254,26 @@ async def decide_approval(request: Request, run_id: str, step_id: str) -> Respon
     """The approve and reject buttons of an approval step."""
     return await _posted(
         request,
-        run_id,
         lambda orch, owner, form: orch.approve(
             run_id,
             step_id,
             owner=owner,
             approve=form.get("decision") == "approve",
             comment=(form.get("comment") or "").strip()[: approving.MAX_COMMENT_CHARS] or None,
+        ),
+    )
+
+
+@router.post("/runs/{run_id}/rerun")
+async def rerun_run(request: Request, run_id: str) -> Response:
+    """The rerun form: the same domain call as ``POST /runs/{id}/rerun``, then the new run."""
+    return await _posted(
+        request,
+        lambda orch, owner, form: orch.rerun(
+            run_id,
+            owner=owner,
+            from_step=form.get("from_step") or None,
+            request_id=form.get("request_id") or None,
         ),
     )
 

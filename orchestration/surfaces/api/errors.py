@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestration.errors import (
+    ArtifactCorrupt,
+    ArtifactNotFound,
     ConfigurationError,
     ConflictError,
     DatabaseNotReady,
@@ -38,6 +40,8 @@ STATUS: tuple[tuple[type[OrchestrationError], int], ...] = (
     (LimitExceeded, 422),
     (ValidationError, 400),
     (RunNotFound, 404),
+    (ArtifactNotFound, 404),
+    (ArtifactCorrupt, 500),
     (IdempotencyConflict, 409),
     (ConflictError, 409),
     (IllegalTransition, 409),

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestration.claims import OnConflict
@@ -153,6 +154,31 @@ def list_runs(
 def get_run(run_id: str, owner: ApiOwner, orch: Orch) -> RunRecord:
     """The run with its steps and derived health."""
     return orch.get(run_id, owner=owner)
+
+
+@router.get(
+    "/{run_id}/steps/{step_id}/output",
+    summary="A step's output",
+    response_model=None,
+    responses={200: {"content": {"application/json": {}, "text/plain": {}}}},
+)
+def step_output(run_id: str, step_id: str, owner: ApiOwner, orch: Orch) -> Response:
+    """The output itself: inline as JSON, or an artifact streamed with its media type,
+    ``Content-Length``, and its sha256 as the ``ETag`` (checked before the first byte);
+    500 ``artifact_corrupt`` when the stored bytes no longer match the hash."""
+    found = orch.output(run_id, step_id, owner=owner)
+    if found.artifact is None:
+        return JSONResponse(found.value)
+    sha256 = found.artifact["sha256"]
+    return StreamingResponse(
+        orch.artifact_bytes(sha256, owner=owner),
+        media_type=found.artifact["media_type"],
+        headers={
+            "Content-Length": str(found.artifact["size"]),
+            "ETag": f'"{sha256}"',
+            "X-Content-SHA256": sha256,
+        },
+    )
 
 
 @router.post("/{run_id}/cancel", summary="Cancel a run")
