@@ -26,6 +26,7 @@ from orchestration import (
     claims,
     closing,
     deadlines,
+    definitions,
     specs,
     step_specs,
     workflows,
@@ -105,11 +106,18 @@ def launch_then(
     now: datetime,
     read: Callable[[Session, str], T],
     reuse: Reuse | None = None,
+    version: int | None = None,
 ) -> T:
     """:func:`launch`, returning what ``read`` makes of the run in the launch's own
     transaction (the Python API reads the record there: no second transaction); with
-    ``reuse``, a rerun that starts at step ``reuse.first``."""
+    ``reuse``, a rerun that starts at step ``reuse.first``. A ``workflow`` that is a string
+    names a registered definition (``research``, ``research@3``); ``version`` is the
+    registered version a definition dict is (a rerun's)."""
     check_name("owner", owner)
+    if isinstance(workflow, str):
+        named = workflow
+        found = transact(lambda session: Done(definitions.resolve(session, owner, named)))
+        workflow, version = found.definition, found.version
     if request_id is not None:
         check_name("request_id", request_id)
     if concurrency_key is not None:
@@ -146,6 +154,7 @@ def launch_then(
                     steps=tuple(spec.steps),
                     read=read,
                     reuse=reuse,
+                    version=version,
                 )
             )
         except IntegrityError:
@@ -170,6 +179,7 @@ def _write(
     steps: tuple[StepSpec, ...],
     read: Callable[[Session, str], T],
     reuse: Reuse | None = None,
+    version: int | None = None,
 ) -> Done[T]:
     existing = session.scalars(
         select(Run).where(Run.owner == owner, Run.request_id == request_id)
@@ -221,6 +231,7 @@ def _write(
         request_id=request_id,
         fingerprint=fingerprint,
         workflow_name=definition["name"],
+        workflow_version=version,
         workflow=definition,
         args=args,
         status=RunStatus.QUEUED.value,

@@ -154,6 +154,8 @@ class Run(Base):
     request_id: Mapped[str] = mapped_column(String(200))
     fingerprint: Mapped[str] = mapped_column(String(64))
     workflow_name: Mapped[str] = mapped_column(String(200))
+    #: The registered definition's version it runs (``None``: launched from a file).
+    workflow_version: Mapped[int | None] = mapped_column(Integer)
     workflow: Mapped[dict[str, Any]] = mapped_column(JSONType)
     args: Mapped[dict[str, Any]] = mapped_column(JSONType)
     status: Mapped[RunStatus] = mapped_column(StateColumn(RunStatus))
@@ -342,6 +344,25 @@ class Artifact(Base):
     content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     used_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class WorkflowDefinition(Base):
+    """A registered workflow: ``name@version`` of one owner (``""``: published for every
+    owner by an operator), its validated definition and that definition's sha256."""
+
+    __tablename__ = "workflow_definitions"
+    __table_args__ = (
+        UniqueConstraint("owner", "name", "version", name="uq_workflow_definitions_version"),
+        Index("ix_workflow_definitions_hash", "owner", "name", "sha256"),
+    )
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    definition: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class SweeperBeat(Base):

@@ -69,6 +69,9 @@ class RunRecord(BaseModel):
     request_id: str
     fingerprint: str
     workflow_name: str
+    #: The registered definition's version (``workflow_name@workflow_version``) it runs;
+    #: ``None`` when launched from a file.
+    workflow_version: int | None = None
     workflow: dict[str, Any]
     args: dict[str, Any]
     status: str

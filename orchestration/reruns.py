@@ -41,6 +41,8 @@ class Source:
     on_conflict: str | None
     #: ``(step_id, status, output)`` per step, in order (the output as its row keeps it).
     steps: tuple[tuple[str, StepStatus, artifacts.Kept], ...]
+    #: The registered version it ran (``None``: launched from a file).
+    workflow_version: int | None = None
 
 
 def source(session: Session, run_id: str, owner: str) -> Source:
@@ -64,6 +66,7 @@ def source(session: Session, run_id: str, owner: str) -> Source:
             (step_id, StepStatus(status), artifacts.Kept(output, sha256))
             for step_id, status, output, sha256 in rows
         ),
+        run.workflow_version,
     )
 
 

@@ -20,9 +20,18 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts, cancellation, chains, claims, launching, reruns, summaries
+from orchestration import (
+    answers,
+    artifacts,
+    cancellation,
+    claims,
+    definitions,
+    launching,
+    reruns,
+    summaries,
+)
 from orchestration.db import check_ready, utcnow
-from orchestration.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
+from orchestration.errors import LimitExceeded, RunNotFound, ValidationError
 from orchestration.execution import approving, branching
 from orchestration.followups import Done
 from orchestration.models import Run, RunEvent, Step
@@ -34,13 +43,10 @@ from orchestration.settings import Settings, get_settings
 from orchestration.states import (
     RUN_TERMINAL,
     Health,
-    ParkReason,
     RunStatus,
-    StepStatus,
     StopReason,
 )
 from orchestration.summaries import RunSummary
-from orchestration.transitions import touch_run, transition_run, transition_step
 
 #: Most runs one ``list`` call returns.
 MAX_PAGE = 500
@@ -153,7 +159,27 @@ class Orchestrator:
             sha256,
         )
 
+    def workflows(self, *, owner: str) -> builtins.list[definitions.Definition]:
+        """The owner's registered definitions and the published ones, newest first."""
+        return self.transact(lambda session: Done(definitions.listed(session, owner)))
+
+    def workflow(self, ref: str, *, owner: str) -> definitions.Definition:
+        """The definition ``ref`` (``name`` or ``name@version``) names for ``owner``."""
+        return self.transact(lambda session: Done(definitions.resolve(session, owner, ref)))
+
     # -- writes ----------------------------------------------------------------------------
+    def register_workflow(
+        self, data: Any, *, owner: str, shared: bool = False
+    ) -> tuple[definitions.Definition, bool]:
+        """Store ``data`` as the next version of its name (the same content: the version it
+        already is), and whether it is new. Raises :class:`ValidationError` naming the field."""
+        now = self.clock()
+        return self.transact(
+            lambda session: Done(
+                definitions.register(session, self.settings, owner, data, now, shared=shared)
+            )
+        )
+
     def launch(
         self,
         workflow: Any,
@@ -220,6 +246,7 @@ class Orchestrator:
             now=now,
             read=lambda session, new_id: self._record(session, self._owned(session, new_id, owner)),
             reuse=reuse,
+            version=source.workflow_version,
         )
         return _traced_launch(record, started, now, owner=owner, rerun_of=run_id)
 
@@ -260,7 +287,11 @@ class Orchestrator:
                 f"({self.settings.max_args_bytes})",
             )
         now = self.clock()
-        self.transact(lambda session: self._resume(session, run_id, step_id, value, owner, now))
+        self.transact(
+            lambda session: answers.resume(
+                session, self.settings, self._owned(session, run_id, owner), step_id, value, now
+            )
+        )
         return self.get(run_id, owner=owner)
 
     def approve(
@@ -308,55 +339,6 @@ class Orchestrator:
             }
             for row in rows
         ]
-
-    def _resume(
-        self, session: Session, run_id: str, step_id: str, value: Any, owner: str, now: datetime
-    ) -> Done[None]:
-        run = self._owned(session, run_id, owner)
-        step = session.scalars(
-            select(Step).where(Step.run_id == run_id, Step.step_id == step_id)
-        ).first()
-        if step is None:
-            raise ValidationError("step", f"run {run_id} has no step {step_id!r}")
-        # Lock the row, then check: only a run parked for a human with no cancel resumes.
-        locked = touch_run(session, run_id, now)
-        session.refresh(run)
-        session.refresh(step)
-        if not locked or not (
-            run.status == RunStatus.PARKED
-            and run.park_reason == ParkReason.HUMAN
-            and step.status == StepStatus.PARKED
-            and run.cancel_requested_at is None
-        ):
-            raise ConflictError(
-                f"run {run_id} is {run.status}, not waiting for an answer at step {step_id!r}"
-            )
-        attempt = step.attempt + 1
-        transition_step(
-            session,
-            step,
-            StepStatus.RUNNING,
-            cause="answered by a human",
-            now=now,
-            values={
-                "attempt": attempt,
-                "answer": value,
-                "prompt": None,
-                "provider_run_id": None,
-                "idempotency_key": launching.idempotency_key(run_id, step_id, attempt),
-                "started_at": now,
-                "error": None,
-            },
-        )
-        transition_run(
-            session,
-            run_id,
-            RunStatus.RUNNING,
-            cause=f"answered at step {step_id}",
-            now=now,
-            values={"park_reason": None, "parked_since": None, "waiting_until": None},
-        )
-        return Done(None, chains.arm(session, self.settings, run, now=now))
 
     @staticmethod
     def _owned(session: Session, run_id: str, owner: str) -> Run:

@@ -237,6 +237,8 @@ class WorkflowSpec(BaseModel):
 
     name: str = Field(min_length=1, max_length=200)
     steps: list[StepSpec] = Field(min_length=1)
+    #: What a launch's args must be: a JSON Schema subset (:mod:`orchestration.args_schema`).
+    args_schema: dict[str, Any] | None = None
 
     @field_validator("steps")
     @classmethod
@@ -248,6 +250,8 @@ class WorkflowSpec(BaseModel):
         the keys of its kind, so a plain step's fingerprint is what it was before retries,
         approvals and branches existed."""
         data = self.model_dump(mode="json", by_alias=True)
+        if data.get("args_schema") is None:
+            data.pop("args_schema", None)
         for step in data["steps"]:
             _canonical(step)
         return data

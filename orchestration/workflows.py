@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError as PydanticValidationError
 
-from orchestration import providers, templating
+from orchestration import args_schema, providers, templating
 from orchestration.errors import LimitExceeded, ValidationError
 from orchestration.settings import Settings
 from orchestration.step_specs import (
@@ -65,6 +65,10 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
             message = "is not a known field"
         raise ValidationError(field, message) from None
     spec = _default_intervals(spec, settings)
+    if spec.args_schema is not None:
+        args_schema.check_schema(spec.args_schema)
+        if args is not None:
+            args_schema.check(spec.args_schema, dict(args))
     earlier: list[str] = []
     for index, step in enumerate(spec.steps):
         _check_step(step, f"steps[{index}]", settings, args, earlier)

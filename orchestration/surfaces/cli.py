@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -136,7 +137,9 @@ def _json_arg(text: str | None, field: str) -> Any:
 
 @app.command()
 def launch(
-    file: Annotated[str, typer.Argument(help="Workflow file (YAML or JSON).")],
+    file: Annotated[
+        str, typer.Argument(help="Workflow file (YAML or JSON), or a registered NAME[@VERSION].")
+    ],
     args: Annotated[str | None, typer.Option("--args", help="Args as a JSON object.")] = None,
     request_id: Annotated[str | None, typer.Option("--request-id")] = None,
     concurrency_key: Annotated[str | None, typer.Option("--concurrency-key")] = None,
@@ -146,10 +149,12 @@ def launch(
     as_json: AsJson = False,
 ) -> None:
     """Launch a workflow run (idempotent per --request-id)."""
+    from orchestration.definitions import REFERENCE
     from orchestration.workflows import load_file
 
     try:
-        definition = load_file(file)
+        named = not Path(file).exists() and REFERENCE.fullmatch(file)
+        definition = file if named else load_file(file)
         record = _orchestrator().launch(
             definition,
             _json_arg(args, "args"),
@@ -369,11 +374,12 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
 
 
 def _register_extensions() -> None:
-    from orchestration.surfaces import maintenance
+    from orchestration.surfaces import definitions_cli, maintenance
     from orchestration.surfaces.api import commands
 
     commands.register(app)
     maintenance.register(app)
+    definitions_cli.register_commands(app)
 
 
 _register_extensions()

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orchestration.runtime.liveness import check
 from orchestration.service import Orchestrator
-from orchestration.surfaces.api import dashboard, errors, metrics, runs, tokens
+from orchestration.surfaces.api import dashboard, errors, metrics, runs, tokens, workflows
 from orchestration.surfaces.api.auth import orchestrator as app_orchestrator
 from orchestration.surfaces.api.limits import BodyLimit, max_body_bytes
 
@@ -68,6 +68,7 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     errors.install(app)
     app.add_middleware(BodyLimit, limit=max_body or max_body_bytes())
     app.include_router(runs.router)
+    app.include_router(workflows.router)
     app.include_router(dashboard.router)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["operations"])
     app.add_api_route(

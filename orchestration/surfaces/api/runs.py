@@ -31,7 +31,10 @@ class LaunchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workflow: dict[str, Any] = Field(description="The workflow definition: name and steps.")
+    workflow: dict[str, Any] | str = Field(
+        description="The workflow definition (name and steps), or a registered one's "
+        "`name` (its latest version) or `name@version`."
+    )
     args: dict[str, Any] | None = Field(None, description="Values for `{{ args.* }}`.")
     request_id: str | None = Field(
         None, description="Idempotency key: the same value returns the same run."

@@ -1,0 +1,115 @@
+"""CLI commands for registered workflows: ``orchestration workflows register|list|show``.
+
+``orchestration launch research`` (or ``research@3``) then launches the stored version.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestration.errors import OrchestrationError, ValidationError
+
+workflows_app = typer.Typer(
+    help="Registered workflow definitions (name@version).", no_args_is_help=True
+)
+_out = Console()
+_err = Console(stderr=True)
+
+Owner = Annotated[
+    str | None, typer.Option("--owner", help="Owner of the definitions (default: ORCH_OWNER).")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
+
+
+def _fail(exc: OrchestrationError, as_json: bool) -> typer.Exit:
+    """One line on stderr (JSON with ``--json``, naming the field) and exit status 2."""
+    if as_json:
+        body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
+        if isinstance(exc, ValidationError):
+            body["field"] = exc.field
+        sys.stderr.write(json.dumps({"error": body}) + "\n")
+    else:
+        _err.print(f"[red]error:[/] {exc}", highlight=False, markup=True)
+    return typer.Exit(2)
+
+
+def _orchestrator_and_owner(owner: str | None) -> tuple[Any, str]:
+    from orchestration.service import Orchestrator
+    from orchestration.settings import get_settings
+
+    return Orchestrator.from_env(), owner or get_settings().owner
+
+
+def _dump(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+@workflows_app.command("register")
+def register(
+    file: Annotated[str, typer.Argument(help="Workflow file (YAML or JSON).")],
+    shared: Annotated[
+        bool, typer.Option("--shared", help="Publish it for every owner (an operator's call).")
+    ] = False,
+    owner: Owner = None,
+    as_json: AsJson = False,
+) -> None:
+    """Store a validated definition as the next version of its name (the same content again
+    is a no-op that prints the version it already is)."""
+    from orchestration.workflows import load_file
+
+    try:
+        orch, who = _orchestrator_and_owner(owner)
+        found, created = orch.register_workflow(load_file(file), owner=who, shared=shared)
+    except OrchestrationError as exc:
+        raise _fail(exc, as_json) from None
+    if as_json:
+        _dump({**found.summary(), "created": created})
+        return
+    said = "registered" if created else "unchanged:"
+    _out.print(f"{said} {found.ref}  sha256:{found.sha256[:12]}", highlight=False)
+
+
+@workflows_app.command("list")
+def list_workflows(owner: Owner = None, as_json: AsJson = False) -> None:
+    """The owner's definitions and the published ones, every version, newest first."""
+    try:
+        orch, who = _orchestrator_and_owner(owner)
+        found = orch.workflows(owner=who)
+    except OrchestrationError as exc:
+        raise _fail(exc, as_json) from None
+    if as_json:
+        _dump([one.summary() for one in found])
+        return
+    table = Table("workflow", "steps", "args", "sha256", "scope", "registered")
+    for one in found:
+        args = sorted((one.definition.get("args_schema") or {}).get("properties", {}))
+        table.add_row(
+            one.ref, str(len(one.definition["steps"])), ", ".join(args) or "-",
+            one.sha256[:12], "shared" if one.shared else "own", one.created_at.isoformat(),
+        )  # fmt: skip
+    _out.print(table)
+
+
+@workflows_app.command("show")
+def show(
+    ref: Annotated[str, typer.Argument(help="NAME (the latest version) or NAME@VERSION.")],
+    owner: Owner = None,
+) -> None:
+    """The stored definition, as JSON (what a launch of it runs)."""
+    try:
+        orch, who = _orchestrator_and_owner(owner)
+        found = orch.workflow(ref, owner=who)
+    except OrchestrationError as exc:
+        raise _fail(exc, True) from None
+    _dump({**found.summary(), "definition": found.definition})
+
+
+def register_commands(app: typer.Typer) -> None:
+    """Add ``workflows`` to the main CLI."""
+    app.add_typer(workflows_app, name="workflows")
