@@ -161,7 +161,9 @@ def _write_docs(result: dict[str, Any], args: argparse.Namespace) -> None:
     _targets(result, args)
     figures = report.plots(result, args.docs)
     markdown = report.render(result, _experiments(args.render or args.report))
-    (args.docs / "benchmarks.md").write_text(markdown)
+    page = args.docs / "benchmarks.md"
+    kept = report.kept_sections(page.read_text() if page.exists() else "")
+    page.write_text(markdown.rstrip("\n") + "\n" + kept if kept else markdown)
     print(f"[bench] wrote {args.docs / 'benchmarks.md'} and {', '.join(figures)}")
 
 

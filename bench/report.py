@@ -118,6 +118,23 @@ def _fanout_title(report: dict[str, Any]) -> str:
     )
 
 
+#: Sections of ``docs/benchmarks.md`` another command measures (``make upkeep-bench``): a
+#: ``make bench`` keeps them as they are instead of dropping them.
+KEPT_SECTIONS = ("## Upkeep: prune and artifacts",)
+
+
+def kept_sections(previous: str) -> str:
+    """The :data:`KEPT_SECTIONS` of the page as it was, each up to the next ``## `` heading."""
+    kept = []
+    for heading in KEPT_SECTIONS:
+        start = previous.find("\n" + heading)
+        if start < 0:
+            continue
+        end = previous.find("\n## ", start + 1)
+        kept.append(previous[start + 1 : end + 1 if end >= 0 else len(previous)])
+    return "\n".join(part.rstrip("\n") + "\n" for part in kept)
+
+
 def render(report: dict[str, Any], experiments: dict[str, Any] | None = None) -> str:
     """``docs/benchmarks.md`` (``experiments``: the last ``bench.experiments`` results)."""
     errors = report.get("errors") or {}

@@ -87,7 +87,13 @@ def count(session: Session, cutoff: datetime) -> dict[str, int]:
                         Step.output_sha256 == referenced.c.output_sha256,
                         Step.run_id.not_in(select(every.c.id)),
                     )
-                )
+                ),
+                # As the delete: one stored again since the cutoff stays.
+                exists().where(
+                    Artifact.owner == referenced.c.owner,
+                    Artifact.sha256 == referenced.c.output_sha256,
+                    Artifact.used_at < cutoff,
+                ),
             )
         )
         or 0
