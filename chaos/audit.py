@@ -37,6 +37,8 @@ Must-be-zero figures (any non-zero fails the run):
 * ``runs_lost``: launched runs not in the database, or still live at the end.
 * ``journal_breaks``: a journal row whose ``from_status`` is not the previous row's ``to_status``.
 * ``terminal_runs_with_live_steps``: an ended run with a step that did not end.
+* ``writes_after_takeover``: a write by a worker cut off by a partition to a run that another
+  process took over meanwhile, without fencing the step again (:mod:`chaos.fencing`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from sqlalchemy.engine import Engine
 
 from chaos.driver import Records
 from chaos.faults import Fault
+from chaos.fencing import WRITE_JOURNAL, cuts_of, read_writes, writes_after_takeover
 from chaos.population import RunPlan
 from orchestration.states import RUN_TERMINAL, STEP_TERMINAL
 
@@ -122,6 +125,7 @@ MUST_BE_ZERO = (
     "runs_lost",
     "journal_breaks",
     "terminal_runs_with_live_steps",
+    "writes_after_takeover",
 )
 
 _RUN_END = {status.value for status in RUN_TERMINAL}
@@ -181,12 +185,14 @@ def _strike(fault: Fault) -> tuple[float, float]:
 
 
 def instrument(url: str) -> None:
-    """Install :data:`STEP_JOURNAL` in the fresh chaos database at ``url``, before the fleet
-    starts: a write made before it would be missing from the journal."""
+    """Install :data:`STEP_JOURNAL` and :data:`~chaos.fencing.WRITE_JOURNAL` in the fresh
+    chaos database at ``url``, before the fleet starts: a write made before it would be
+    missing from the journal."""
     engine = create_engine(url)
     try:
         with engine.begin() as connection:
             connection.exec_driver_sql(STEP_JOURNAL)
+            connection.exec_driver_sql(WRITE_JOURNAL)
     finally:
         engine.dispose()
 
@@ -250,6 +256,7 @@ class Audit:
                         int(row.rearms or 0),
                     )
                 )
+            self.all_writes = read_writes(connection)
         self.label_of = {run.request_id: run_id for run_id, run in self.runs.items()}
         self.violations: list[dict[str, Any]] = []
         self.lateness: list[float] = []
@@ -405,6 +412,13 @@ class Audit:
                     )
                 last[event.step_id] = event.to_status
         return count
+
+    def takeovers(self) -> int:
+        """See :mod:`chaos.fencing`; returns the number of writes made after a takeover."""
+        found = writes_after_takeover(self.all_writes, cuts_of(self.faults))
+        for line in found:
+            self._violation("writes_after_takeover", line.split(":", 1)[0], line)
+        return len(found)
 
     def live_steps_in_ended_runs(self) -> int:
         count = 0
@@ -695,6 +709,7 @@ class Audit:
             "terminal_exits": self.terminal_exits(),
             "journal_breaks": self.journal_breaks(),
             "terminal_runs_with_live_steps": self.live_steps_in_ended_runs(),
+            "writes_after_takeover": self.takeovers(),
             "turns": len(self.turns),
             **self.turns_figures(),
             **self.cancels(),

@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
         "--profile",
         choices=sorted(PROFILES),
         default="full",
-        help="population size and time limit (full: 300 runs; ci: 60 runs under 4 minutes)",
+        help="population size and time limit (full: 300 runs; ci: 80 runs under 5 minutes)",
     )
     parse.add_argument("--runs", type=int, help="number of runs (scales the profile's window)")
     parse.add_argument("--seed", type=int, help="seed of the plan (default: random, printed)")

@@ -21,7 +21,9 @@ Kinds (each names where it strikes; see ``docs/reliability.md``):
 * ``stop_locked``: the same, but the worker is stopped inside a transition's transaction, so it
   holds the run's row lock while it sleeps;
 * ``broker_restart``: the broker loses its connections and every queued message;
-* ``pg_drop``: every connection to the chaos database is terminated.
+* ``pg_drop``: every connection to the chaos database is terminated;
+* ``net_cut``, ``net_oneway``, ``net_slow``, ``beat_cut``: a worker or the beat in a network
+  namespace, its link cut both ways, one way, or slowed (:mod:`chaos.partitions`).
 
 Each kill is followed by a restart of the worker, each stop by a SIGCONT, and the next fault
 waits until the fleet is whole again: the engine's promises assume a fleet that comes back.
@@ -42,6 +44,7 @@ from sqlalchemy.engine import Engine
 
 from chaos.driver import Driver
 from chaos.fleet import WORKERS, Fleet
+from chaos.partitions import PARTITION_KINDS, Partitions
 from chaos.population import RunPlan
 from chaos.services import ChaosDatabase
 from chaos.traps import Caught, Trap
@@ -58,6 +61,7 @@ KINDS = (
     "stop_locked",
     "broker_restart",
     "pg_drop",
+    *PARTITION_KINDS,
 )
 
 #: Seconds a client is given to reconnect once the restarted broker answers.
@@ -122,6 +126,8 @@ class Injector:
         self.heartbeat_timeout = heartbeat_timeout
         self.lock_engine = lock_engine
         self.observer = observer
+        #: The partition faults' harness, set by the runner once the injector exists.
+        self.partitions: Partitions | None = None
         self.faults: list[Fault] = []
         self.holds: list[tuple[float, float]] = []
         self.transitions = 0
@@ -135,8 +141,9 @@ class Injector:
         while queue and not stop.is_set() and time.time() < until:
             kind = queue.popleft()
             fault = Fault(kind, time.time())
+            owner = self.partitions if kind in PARTITION_KINDS else self
             try:
-                getattr(self, kind)(fault)
+                getattr(owner, kind)(fault)
             except Exception as exc:  # a fault that could not be applied is reported, not fatal
                 fault.detail = f"{fault.detail} error: {type(exc).__name__}: {exc}"[:500]
             self.faults.append(fault)
@@ -362,7 +369,7 @@ class Injector:
         if self.broker is None:
             fault.detail = "skipped: shared broker, not restartable safely"
             return
-        fault.runs = self._live_runs()
+        fault.runs = self.live_runs()
         fault.at = time.time()
         self.broker.restart()
         fault.injected = True
@@ -382,13 +389,14 @@ class Injector:
         fault.detail += f"; first sweeper pass {swept - back:.1f}s after the broker was back"
 
     def pg_drop(self, fault: Fault) -> None:
-        fault.runs = self._live_runs()
+        fault.runs = self.live_runs()
         fault.at = time.time()
         killed = self.database.terminate_connections()
         fault.injected = True
         fault.detail = f"terminated {killed} connections (simulated PostgreSQL restart)"
 
-    def _live_runs(self) -> list[str]:
+    def live_runs(self) -> list[str]:
+        """Live runs not parked for a human: what a fleet-wide fault can strike."""
         rows = self._rows(
             "SELECT id FROM runs WHERE status = ANY(:live) "
             "AND NOT (status = 'parked' AND park_reason = 'human')",
@@ -431,7 +439,9 @@ class Injector:
 
 #: Faults that need a particular run in a particular state go first, while the population is
 #: in full flow; fleet-wide ones can strike at any time.
-TARGETED = tuple(kind for kind in KINDS if kind not in ("kill_random", "broker_restart", "pg_drop"))
+TARGETED = tuple(
+    kind for kind in KINDS if kind not in ("kill_random", "broker_restart", "pg_drop", "beat_cut")
+)
 
 
 def fault_plan(rng: random.Random, count: int, kinds: tuple[str, ...] = KINDS) -> list[str]:

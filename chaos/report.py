@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.audit import MUST_BE_ZERO
+from chaos.partitions import PARTITION_KINDS
 
 DOC_BEGIN = "<!-- chaos:results:begin -->"
 DOC_END = "<!-- chaos:results:end -->"
@@ -15,6 +16,16 @@ DOC_HEADER = (
     " | terminal exits | extra turn starts | cancels non-terminal | lost | faults injected"
     " | wall time (s) | date |\n"
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+NET_BEGIN = "<!-- chaos:partitions:begin -->"
+NET_END = "<!-- chaos:partitions:end -->"
+NET_HEADER = (
+    "| profile | broker | seed | net_cut | net_oneway | net_slow | beat_cut | runs struck"
+    " | writes after takeover | missed deadline | worst lateness (s) | slowest end after a"
+    " partition (s) | date |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -100,16 +111,50 @@ def doc_row(report: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def update_doc(report: dict[str, Any], path: Path) -> None:
-    """Replace this profile and broker's row in the results table of ``path``."""
-    text = path.read_text() if path.exists() else ""
-    if DOC_BEGIN not in text:
-        text = text.rstrip() + f"\n\n{DOC_BEGIN}\n{DOC_HEADER}\n{DOC_END}\n"
-    head, rest = text.split(DOC_BEGIN, 1)
-    body, tail = rest.split(DOC_END, 1)
+def net_row(report: dict[str, Any]) -> str:
+    """The partition faults' row: injected per kind, and the figures they bear on."""
+    figures, faults = report["figures"], report["faults"]
+    net = [fault for fault in report["fault_log"] if fault["kind"] in PARTITION_KINDS]
+    struck = {run for fault in net for run in fault["runs"]}
+    slowest = [
+        faults[kind]["terminal_s"]["max"]
+        for kind in PARTITION_KINDS
+        if kind in faults and faults[kind]["terminal_s"]["max"] is not None
+    ]
+    cells = [
+        report["profile"],
+        report["broker"]["kind"],
+        str(report["seed"]),
+        *(str(faults.get(kind, {}).get("injected", 0)) for kind in PARTITION_KINDS),
+        str(len(struck)),
+        str(figures["writes_after_takeover"]),
+        str(figures["deadline_misses"]),
+        _fmt(figures["worst_lateness_s"]),
+        _fmt(max(slowest) if slowest else None),
+        report["started"][:10],
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _replace_row(text: str, begin: str, end: str, header: str, key: str, row: str) -> str:
+    """``text`` with the table between ``begin`` and ``end`` holding ``row`` in place of the
+    row that starts with ``key`` (the table is appended when missing)."""
+    if begin not in text:
+        text = text.rstrip() + f"\n\n{begin}\n{header}\n{end}\n"
+    head, rest = text.split(begin, 1)
+    body, tail = rest.split(end, 1)
     rows = [line for line in body.strip().splitlines()[2:] if line.startswith("|")]
+    rows = sorted([line for line in rows if not line.startswith(key)] + [row])
+    block = "\n".join([header, *rows])
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
+def update_doc(report: dict[str, Any], path: Path) -> None:
+    """Replace this profile and broker's row in the results table of ``path``, and in its
+    partition table when the run had partition faults."""
+    text = path.read_text() if path.exists() else ""
     key = f"| {report['profile']} | {report['broker']['kind']} |"
-    rows = [row for row in rows if not row.startswith(key)] + [doc_row(report)]
-    rows.sort()
-    block = "\n".join([DOC_HEADER, *rows])
-    path.write_text(f"{head}{DOC_BEGIN}\n{block}\n{DOC_END}{tail}")
+    text = _replace_row(text, DOC_BEGIN, DOC_END, DOC_HEADER, key, doc_row(report))
+    if report.get("partitions", {}).get("available"):
+        text = _replace_row(text, NET_BEGIN, NET_END, NET_HEADER, key, net_row(report))
+    path.write_text(text)

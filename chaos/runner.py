@@ -26,14 +26,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
 from chaos.audit import MUST_BE_ZERO, TOLERANCE, Audit, instrument
 from chaos.driver import Driver
-from chaos.faults import KINDS, Injector, fault_plan
+from chaos.faults import KINDS, RECONNECT, Injector, fault_plan
 from chaos.fleet import WORKERS, Fleet, app_name
+from chaos.netns import Network, probe
+from chaos.partitions import PARTITION_KINDS, Partitions
 from chaos.population import plan_population
 from chaos.profiles import CHAOS_SETTINGS, Profile
 from chaos.report import failures
@@ -103,6 +106,26 @@ def _live(observer: Engine, run_ids: list[str]) -> int:
         )
 
 
+def _network(
+    kinds: tuple[str, ...], urls: list[str], folder: Path
+) -> tuple[Network | None, dict[str, Any]]:
+    """The namespace of the partition faults, or ``None`` and why (they are then skipped)."""
+    if not set(kinds) & set(PARTITION_KINDS):
+        return None, {"available": False, "reason": "no partition fault asked for"}
+    parts = [urlsplit(url) for url in urls]
+    remote = [part.hostname for part in parts if part.hostname not in ("127.0.0.1", "localhost")]
+    reason = f"{remote[0]} is not a loopback service" if remote else probe()
+    if reason is not None:
+        log(f"partition faults SKIPPED: {reason}")
+        return None, {"available": False, "reason": reason}
+    ports = [part.port or {"amqp": 5672, "pyamqp": 5672}.get(part.scheme, 6379) for part in parts]
+    network = Network(sorted(set(ports)), folder)
+    network.start()
+    log(f"partition faults: namespace {network.name}, {network.ns_ip} <-> {network.host_ip}")
+    info = {"available": True, "namespace": network.name, "host": network.host_ip}
+    return network, {**info, "namespaced": network.ns_ip, "ports": network.ports}
+
+
 def run(options: Options) -> dict[str, Any]:
     """Run the chaos suite; return the report (see :mod:`chaos.report`)."""
     profile = options.profile
@@ -117,6 +140,7 @@ def run(options: Options) -> dict[str, Any]:
     broker: Any = None
     database: ChaosDatabase | None = None
     fleet: Fleet | None = None
+    network: Network | None = None
     driver: Driver | None = None
     engines: list[Engine] = []
     report: dict[str, Any] = {}
@@ -148,6 +172,12 @@ def run(options: Options) -> dict[str, Any]:
         fleet = Fleet(env, folder, queue, {w: database.url(app_name(w)) for w in WORKERS})
         fleet.start()
         driver = Driver(settings, random.Random(options.seed + 1))
+        pg_url = make_url(database.url("chaos-driver")).set(drivername="postgresql")
+        network, network_info = _network(
+            options.kinds,
+            [broker_url, pg_url.render_as_string(hide_password=False)],
+            folder,
+        )
         injector = Injector(
             fleet,
             database,
@@ -158,6 +188,18 @@ def run(options: Options) -> dict[str, Any]:
             heartbeat_timeout=settings.heartbeat_timeout,
             lock_engine=lock_engine,
             observer=observer,
+        )
+        injector.partitions = Partitions(
+            network,
+            str(network_info.get("reason", "")),
+            fleet,
+            env,
+            database.url,
+            observer,
+            injector.live_runs,
+            heartbeat_timeout=settings.heartbeat_timeout,
+            broker_port=urlsplit(broker_url).port or 5672,
+            reconnect=RECONNECT,
         )
         phases["setup_s"] = time.time() - wall_start
         log(
@@ -241,6 +283,7 @@ def run(options: Options) -> dict[str, Any]:
             "figures": figures,
             "outcomes": audit.outcomes(),
             "faults": audit.convergence(),
+            "partitions": network_info,
             "excused_windows": [[round(a, 3), round(b, 3)] for a, b in excused],
             "fault_log": [fault.as_dict() for fault in injector.faults],
             "worker_crashes": [
@@ -268,6 +311,8 @@ def run(options: Options) -> dict[str, Any]:
             thread.join(timeout=30)
         if fleet is not None:
             fleet.shutdown()
+        if network is not None:
+            network.close()
         if driver is not None:
             driver.close()
         for engine in engines:

@@ -37,6 +37,9 @@ class StartCall:
 
     request: TurnRequest
     provider: str
+    #: The claim's time (``steps.start_claimed_at``): the call must end inside the window
+    #: that other executions and ``cancel`` give the claim from then.
+    claimed_at: datetime
 
 
 def claim(
@@ -136,7 +139,7 @@ def claim(
         resume=answer,
         resuming=resuming,
     )
-    return Done(StartCall(request, step.provider))
+    return Done(StartCall(request, step.provider, now))
 
 
 def _branch_steps(spec: StepSpec) -> list[StepSpec]:

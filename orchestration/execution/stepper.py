@@ -20,10 +20,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts, bounds, cancellation, effects, providers, specs, turns
+from orchestration import artifacts, bounds, cancellation, effects, providers, specs
 from orchestration.db import utcnow
 from orchestration.errors import PermanentProviderError, RetryableProviderError
-from orchestration.execution import calls, finishing, observing, parking
+from orchestration.execution import calls, finishing, observing, parking, releasing
 from orchestration.execution import entry as entries
 from orchestration.execution.entry import Entry, Phase
 from orchestration.execution.finishing import EffectsDue
@@ -35,7 +35,7 @@ from orchestration.models import Run
 from orchestration.observability import context, tracing
 from orchestration.providers import budget
 from orchestration.providers.base import FINISHED, TurnRef, TurnStatus
-from orchestration.settings import Settings
+from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import RUN_TERMINAL, RunStatus, StopReason
 from orchestration.transitions import touch_step
 
@@ -113,6 +113,13 @@ class Stepper:
         captured = None
         provider_run_id: str | None = None
         outage = refused = None
+        # The claim's window is one call plus the margin, from the claim's time; a commit
+        # that came back later than the margin (a slow or cut link) leaves too little of it,
+        # and a call then could outlast it: a cancel would no longer wait for this start.
+        late = (self.clock() - call.claimed_at).total_seconds()
+        if late >= MARGIN_SECONDS:
+            outage = f"the start claim took {late:.1f}s to commit; the turn starts later"
+            return self._after_start(run_id, index, entry, call, None, chained, outage=outage)
         # The start, and the status and checkpoint right after it, share one call's bound;
         # what follows them (the record, a cancel honoured) is outside it.
         with budget.within(self.settings.provider_timeout):
@@ -216,38 +223,11 @@ class Stepper:
         try:
             outcome = self.transact(record)
         except Moved:
-            self._release_refused_start(run_id, index, call, provider_run_id)
+            releasing.release_refused_start(
+                self.settings, self.transact, self.clock(), run_id, index, call, provider_run_id
+            )
             return self._after_refusal(run_id)
         return self._settle(run_id, index, tick, outcome, chained)
-
-    def _release_refused_start(
-        self, run_id: str, index: int, call: StartCall, provider_run_id: str | None
-    ) -> None:
-        """The run moved on while its turn was starting. If the step is still live (a cancel
-        is waiting for this claim), hand it the turn's id and clear the claim: the canceller
-        stops the turn. If the run already ended, this execution alone knows the turn's id,
-        so it stops the turn itself."""
-        now = self.clock()
-        fit = provider_run_id is not None and bounds.provider_id(provider_run_id, self.settings)
-        known = None if fit else provider_run_id
-
-        def release(session: Session) -> Done[int | None]:
-            step = step_of(session, run_id, index)
-            if step is None:
-                return Done(None)
-            if touch_step(session, step, now, start_claimed_at=None, provider_run_id=known):
-                return Done(None)
-            return Done(step.pk)
-
-        pk = self.transact(release)
-        if pk is None or known is None:
-            return
-        ref = TurnRef(call.request.key, known, call.request.options)
-        turn = turns.LiveTurn(run_id, index, pk, call.provider, ref)
-        result = turns.stop_once(self.settings, turn)
-        self.transact(
-            lambda session: Done(None, turns.hand_off(session, [result], now, attempts=1))
-        )
 
     def _poll(self, run_id: str, index: int, entry: Entry, chained: bool) -> Outcome:
         assert entry.step.provider_run_id is not None

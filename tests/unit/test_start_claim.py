@@ -183,3 +183,54 @@ def test_a_duplicate_delivery_never_starts_a_turn_while_a_start_is_in_flight(
     assert isinstance(stepper.advance(run_id, 0, 2), Poll)
     assert len(ScriptedProvider(settings).start_calls(run_id + ":")) == 1
     assert steps_of(settings, run_id)[0].provider_run_id is not None
+
+
+def test_a_claim_whose_commit_came_back_late_starts_no_turn_until_claimed_again(
+    settings: Settings,
+) -> None:
+    """Chaos finding (a partition): the claim's commit came back 9 s late, and the start that
+    followed outlived the window other executions gave the claim. A commit later than the
+    margin now starts nothing; the run parks as interrupted and the next execution claims
+    again and starts."""
+    from orchestration.providers.scripted import ScriptedProvider
+    from orchestration.settings import MARGIN_SECONDS
+    from tests.unit.support import T0, Clock, step_spec
+
+    run_id = launch(settings, workflow(step_spec(with_={"states": [["running", 1000]]})))
+    late = iter([T0, T0 + timedelta(seconds=MARGIN_SECONDS + 0.5)])
+    stepper = Stepper(
+        settings, Executor(settings, None), clock=lambda: next(late, T0 + timedelta(seconds=3))
+    )
+    outcome = stepper.advance(run_id, 0, 0)
+    assert isinstance(outcome, Poll)
+    assert ScriptedProvider(settings).start_calls(run_id + ":") == []
+    run, step = run_row(settings, run_id), steps_of(settings, run_id)[0]
+    assert (run.status, run.park_reason) == ("parked", "platform_interrupt")
+    assert "took 2.5s to commit" in (step.error or "") and step.start_claimed_at is None
+    clock = Clock(T0 + timedelta(seconds=5))
+    again = Stepper(settings, Executor(settings, None), clock=clock).advance(
+        run_id, 0, outcome.tick
+    )
+    assert isinstance(again, Poll)
+    assert len(ScriptedProvider(settings).start_calls(run_id + ":")) == 1
+
+
+def test_a_stale_start_never_clears_a_newer_claim_of_the_same_turn(settings: Settings) -> None:
+    """Chaos finding (a partition): a start whose record found the run moved on cleared the
+    step's claim with no check, though a re-armed execution had claimed it since."""
+    from orchestration.execution import releasing
+    from orchestration.execution.starting import StartCall
+    from orchestration.providers.base import TurnRequest
+    from tests.unit.support import T0, step_spec
+
+    run_id = launch(settings, workflow(step_spec()))
+    key = f"{run_id}:a:1"
+    newer = T0 + timedelta(seconds=9)
+    force_step(settings, run_id, 0, status="running", idempotency_key=key, start_claimed_at=newer)
+    request = TurnRequest(key=key, run_id=run_id, step_id="a", attempt=1, input="t", options={})
+    stale = StartCall(request, "scripted", T0)
+    releasing.release_refused_start(
+        settings, Executor(settings, None), T0 + timedelta(seconds=10), run_id, 0, stale, "turn-1"
+    )
+    step = steps_of(settings, run_id)[0]
+    assert (step.start_claimed_at, step.provider_run_id) == (newer, None)
