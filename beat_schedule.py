@@ -1,4 +1,5 @@
-"""The Celery beat schedule: one sweeper pass every ``ORCH_SWEEP_INTERVAL`` seconds, and with
+"""The Celery beat schedule: one sweeper pass every ``ORCH_SWEEP_INTERVAL`` seconds, one pass
+of the workflow schedules every ``ORCH_SCHEDULE_INTERVAL`` seconds, and with
 ``ORCH_RETENTION_DAYS`` set, one retention pass an hour.
 
 Run exactly one beat (``orchestration beat``); a second one is harmless (every pass is
@@ -9,7 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestration.runtime.celery_config import PRUNE_INTERVAL, PRUNE_TASK, SWEEP_TASK
+from orchestration.runtime.celery_config import (
+    PRUNE_INTERVAL,
+    PRUNE_TASK,
+    SCHEDULES_TASK,
+    SWEEP_TASK,
+)
 from orchestration.settings import Settings
 
 
@@ -21,7 +27,13 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": settings.sweep_interval,
             # A pass that waited longer than one interval is stale: the next one replaces it.
             "options": {"expires": settings.sweep_interval, "queue": settings.queue},
-        }
+        },
+        # Each fire is recorded once, so a late or doubled pass launches nothing twice.
+        "orchestration-schedules": {
+            "task": SCHEDULES_TASK,
+            "schedule": settings.schedule_interval,
+            "options": {"expires": settings.schedule_interval, "queue": settings.queue},
+        },
     }
     if settings.retention_days is not None:
         schedule["orchestration-prune"] = {

@@ -80,6 +80,11 @@ def register(
         raise ValidationError(
             "name", "must be letters, digits, '_', '.' or '-' (and start with one of the first two)"
         )
+    if shared and "schedule" in definition:
+        # A schedule launches as an owner; a published definition has none to run as.
+        raise ValidationError(
+            "schedule", "a shared definition cannot carry a schedule; register it as an owner's"
+        )
     scope = SHARED if shared else owner
     sha256 = content_hash(definition)
     for _ in range(3):

@@ -42,7 +42,6 @@ from orchestration.runtime.executor import Executor, TaskQueue
 from orchestration.settings import Settings, get_settings
 from orchestration.states import (
     RUN_TERMINAL,
-    Health,
     RunStatus,
     StopReason,
 )
@@ -98,16 +97,19 @@ class Orchestrator:
         Raises :class:`ValidationError` for an unknown status or health, or ``limit`` outside
         1..``MAX_PAGE``.
         """
-        if status is not None and status not in {s.value for s in RunStatus}:
-            raise ValidationError(
-                "status", f"unknown status {status!r}; one of {[s.value for s in RunStatus]}"
-            )
-        if health is not None and health not in {h.value for h in Health}:
-            raise ValidationError(
-                "health", f"unknown health {health!r}; one of {[h.value for h in Health]}"
-            )
-        if not 1 <= limit <= MAX_PAGE:
-            raise ValidationError("limit", f"must be between 1 and {MAX_PAGE}")
+        return self.list_all(owner=owner, status=status, health=health, limit=limit, before=before)
+
+    def list_all(
+        self,
+        *,
+        owner: str | None,
+        status: str | None = None,
+        health: str | None = None,
+        limit: int = 50,
+        before: datetime | None = None,
+    ) -> builtins.list[RunSummary]:
+        """:meth:`list` across owners (``owner=None``): for the operator's surfaces only."""
+        summaries.check_filters(status, health, limit, MAX_PAGE)
         now = self.clock()
         return self.transact(
             lambda session: Done(
@@ -250,14 +252,29 @@ class Orchestrator:
         )
         return _traced_launch(record, started, now, owner=owner, rerun_of=run_id)
 
-    def cancel(self, run_id: str, *, owner: str, graceful: bool = False) -> RunRecord:
+    def owner_of(self, run_id: str) -> str:
+        """The owner of ``run_id`` (the operator's surfaces act as it). Raises
+        :class:`RunNotFound`."""
+
+        def read(session: Session) -> Done[str]:
+            owner = session.scalar(select(Run.owner).where(Run.id == str(run_id)[:64]))
+            if owner is None:
+                raise RunNotFound(str(run_id)[:64])
+            return Done(owner)
+
+        return self.transact(read)
+
+    def cancel(
+        self, run_id: str, *, owner: str, graceful: bool = False, by: str | None = None
+    ) -> RunRecord:
         """Cancel the run. Returns the terminal ``cancelled`` record (or the run unchanged if it
         had already ended). With ``graceful``, only the request is recorded: the step honours
-        it at its next execution, and the sweeper enforces it after ``ORCH_CANCEL_GRACE``."""
+        it at its next execution, and the sweeper enforces it after ``ORCH_CANCEL_GRACE``.
+        ``by`` names who asked in the journal (default: the owner)."""
         self.transact(lambda session: Done(self._owned(session, run_id, owner)))
         with context.acting(run_id, "run.cancel", owner=owner, graceful=graceful):
             requested = cancellation.request(
-                self.transact, self.settings, run_id, now=self.clock(), by=f"owner {owner}"
+                self.transact, self.settings, run_id, now=self.clock(), by=by or f"owner {owner}"
             )
             if requested and not graceful:
                 cancellation.finish(
@@ -266,7 +283,7 @@ class Orchestrator:
                     run_id,
                     now=self.clock(),
                     stop_reason=StopReason.CANCEL_REQUESTED,
-                    cause="cancelled by the caller",
+                    cause=f"cancelled by {by}" if by else "cancelled by the caller",
                     revoke=True,
                 )
         return self.get(run_id, owner=owner)

@@ -140,6 +140,8 @@ class Settings(TenantLimits):
     log_format: Literal["text", "json"] = "text"
     #: OTLP/HTTP collector base URL for traces (off unless set, or ``OTEL_EXPORTER_OTLP_*``).
     otel_endpoint: str | None = None
+    #: Seconds between two passes of the schedules (``every:`` shorter than this fires late).
+    schedule_interval: float = Field(5.0, gt=0)
 
     @field_validator("otel_endpoint")
     @classmethod

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from orchestration.schedule_specs import ScheduleSpec
 from orchestration.states import Join, RetryOn
 
 STEP_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"
@@ -239,6 +240,8 @@ class WorkflowSpec(BaseModel):
     steps: list[StepSpec] = Field(min_length=1)
     #: What a launch's args must be: a JSON Schema subset (:mod:`orchestration.args_schema`).
     args_schema: dict[str, Any] | None = None
+    #: When the beat launches it by itself (:mod:`orchestration.schedule_specs`).
+    schedule: ScheduleSpec | None = None
 
     @field_validator("steps")
     @classmethod
@@ -250,8 +253,11 @@ class WorkflowSpec(BaseModel):
         the keys of its kind, so a plain step's fingerprint is what it was before retries,
         approvals and branches existed."""
         data = self.model_dump(mode="json", by_alias=True)
-        if data.get("args_schema") is None:
-            data.pop("args_schema", None)
+        for optional in ("args_schema", "schedule"):
+            if data.get(optional) is None:
+                data.pop(optional, None)
+        if self.schedule is not None:
+            data["schedule"] = self.schedule.as_dict()
         for step in data["steps"]:
             _canonical(step)
         return data

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from sqlalchemy import ColumnElement, and_, bindparam, case, func, literal, or_, select
 from sqlalchemy.orm import Session
 
+from orchestration.errors import ValidationError
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import (
@@ -47,6 +48,8 @@ class RunSummary(BaseModel):
     owner: str
     request_id: str
     workflow_name: str
+    #: The registered version it runs (``None``: launched from a file).
+    workflow_version: int | None = None
     status: str
     health: str
     stop_reason: str | None
@@ -77,6 +80,7 @@ _COLUMNS = (
     Run.owner,
     Run.request_id,
     Run.workflow_name,
+    Run.workflow_version,
     Run.status,
     Run.stop_reason,
     Run.created_at,
@@ -194,32 +198,46 @@ def _error(text: str | None) -> str | None:
     return text[: ERROR_CHARS - 1] + "…"
 
 
+def check_filters(status: str | None, health: str | None, limit: int, most: int) -> None:
+    """Raise :class:`ValidationError` for an unknown status or health, or a ``limit`` outside
+    1..``most``."""
+    if status is not None and status not in {s.value for s in RunStatus}:
+        raise ValidationError(
+            "status", f"unknown status {status!r}; one of {[s.value for s in RunStatus]}"
+        )
+    if health is not None and health not in {h.value for h in Health}:
+        raise ValidationError(
+            "health", f"unknown health {health!r}; one of {[h.value for h in Health]}"
+        )
+    if not 1 <= limit <= most:
+        raise ValidationError("limit", f"must be between 1 and {most}")
+
+
 def listing(
     session: Session,
     settings: Settings,
     *,
-    owner: str,
+    owner: str | None,
     now: datetime,
     status: str | None = None,
     health: str | None = None,
     limit: int,
     before: datetime | None = None,
 ) -> list[RunSummary]:
-    """Up to ``limit`` of ``owner``'s runs, newest first (ties by id descending), as summaries.
+    """Up to ``limit`` of ``owner``'s runs (every owner's for ``None``), newest first (ties
+    by id descending), as summaries.
 
     ``status`` and ``health`` filter in SQL; ``before`` (a ``created_at``) pages back. One
     statement, reading only the columns a summary holds; the caller has checked the values.
     """
-    query = (
-        select(
-            *_COLUMNS,
-            func.substr(Run.error, 1, ERROR_CHARS + 1).label("error"),
-            health_expression(settings, now).label("health"),
-            Step.step_id.label("current_step_id"),
-        )
-        .outerjoin(Step, and_(Step.run_id == Run.id, Step.index == Run.current_step))
-        .where(Run.owner == owner)
-    )
+    query = select(
+        *_COLUMNS,
+        func.substr(Run.error, 1, ERROR_CHARS + 1).label("error"),
+        health_expression(settings, now).label("health"),
+        Step.step_id.label("current_step_id"),
+    ).outerjoin(Step, and_(Step.run_id == Run.id, Step.index == Run.current_step))
+    if owner is not None:
+        query = query.where(Run.owner == owner)
     if status is not None:
         query = query.where(Run.status == status)
     if health is not None:

@@ -69,6 +69,13 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
         args_schema.check_schema(spec.args_schema)
         if args is not None:
             args_schema.check(spec.args_schema, dict(args))
+        if spec.schedule is not None:
+            args_schema.check(spec.args_schema, spec.schedule.args, "schedule.args")
+    if spec.schedule is not None:
+        check_args(spec.schedule.args, settings, "schedule.args")
+    # A registered schedule's args are what its launches will have: check the templates now.
+    if args is None and spec.schedule is not None:
+        args = spec.schedule.args
     earlier: list[str] = []
     for index, step in enumerate(spec.steps):
         _check_step(step, f"steps[{index}]", settings, args, earlier)
@@ -278,14 +285,14 @@ def load_file(path: str | Path) -> Any:
         raise ValidationError("workflow", f"{path} is not valid YAML/JSON: {exc}") from None
 
 
-def check_args(args: Any, settings: Settings) -> dict[str, Any]:
+def check_args(args: Any, settings: Settings, field: str = "args") -> dict[str, Any]:
     """Args must be a JSON object within ``ORCH_MAX_ARGS_BYTES``."""
     if not isinstance(args, Mapping):
-        raise ValidationError("args", "must be a JSON object")
-    size = plain_json(args, "args")
+        raise ValidationError(field, "must be a JSON object")
+    size = plain_json(args, field)
     if size > settings.max_args_bytes:
         raise LimitExceeded(
-            "args",
+            field,
             f"{size} bytes is over the limit of {settings.max_args_bytes} (ORCH_MAX_ARGS_BYTES)",
         )
     return dict(args)

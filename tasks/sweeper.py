@@ -1,13 +1,19 @@
-"""The tasks beat schedules (``beat_schedule.py``): the sweeper, and retention."""
+"""The tasks beat schedules (``beat_schedule.py``): the sweeper, the workflow schedules, and
+retention."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
-from orchestration import retention
+from orchestration import retention, schedules
 from orchestration.db import utcnow
-from orchestration.runtime.celery_config import PRUNE_INTERVAL, PRUNE_TASK, SWEEP_TASK
+from orchestration.runtime.celery_config import (
+    PRUNE_INTERVAL,
+    PRUNE_TASK,
+    SCHEDULES_TASK,
+    SWEEP_TASK,
+)
 from orchestration.sweeper import Sweeper
 from tasks.celery_app import app, executor, settings
 from tasks.limits import sweep_limits
@@ -21,6 +27,18 @@ _SOFT, _HARD = sweep_limits(settings)
 def sweep() -> dict[str, Any]:
     """One sweeper pass; returns its report (shown in Flower)."""
     return Sweeper(settings, executor).sweep()
+
+
+@app.task(
+    name=SCHEDULES_TASK,
+    acks_late=True,
+    ignore_result=True,
+    soft_time_limit=_SOFT,
+    time_limit=_HARD,
+)
+def fire_schedules() -> dict[str, int]:
+    """One pass of the workflow schedules: every due fire launched (or skipped) once."""
+    return schedules.fire(executor, settings, utcnow())
 
 
 @app.task(

@@ -21,6 +21,7 @@ from orchestration.settings import Settings
 STEP_TASK = "orchestration.step.advance"
 SWEEP_TASK = "orchestration.sweeper.sweep"
 PRUNE_TASK = "orchestration.retention.prune"
+SCHEDULES_TASK = "orchestration.schedules.fire"
 #: Seconds between two retention passes (``ORCH_RETENTION_DAYS``).
 PRUNE_INTERVAL = 3600.0
 STOP_TASK = "orchestration.turns.stop"

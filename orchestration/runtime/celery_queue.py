@@ -60,14 +60,14 @@ class CeleryQueue:
 
 
 @lru_cache(maxsize=4)
-def _client_app(settings: Settings) -> Celery:
+def client_app(settings: Settings) -> Celery:
     celery_observing.install(settings)
     return configure(Celery("orchestration-client", set_as_current=False), settings)
 
 
 def client_queue(settings: Settings) -> CeleryQueue:
     """A queue for processes that only send (web apps, the CLI)."""
-    return CeleryQueue(_client_app(settings), settings)
+    return CeleryQueue(client_app(settings), settings)
 
 
 def client_executor(settings: Settings) -> Executor:

@@ -374,12 +374,13 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
 
 
 def _register_extensions() -> None:
-    from orchestration.surfaces import definitions_cli, maintenance
+    from orchestration.surfaces import definitions_cli, maintenance, schedules_cli
     from orchestration.surfaces.api import commands
 
     commands.register(app)
     maintenance.register(app)
     definitions_cli.register_commands(app)
+    schedules_cli.register_commands(app)
 
 
 _register_extensions()

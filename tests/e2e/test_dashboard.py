@@ -18,10 +18,14 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestration import fleet
+from orchestration.db import session_scope, utcnow
+from orchestration.followups import Done
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
+from orchestration.surfaces.api import tokens
 from tests.conftest import IN_CI, wait_for
-from tests.e2e.conftest import ApiServer, scripted
+from tests.e2e.conftest import ApiServer, make_token, scripted
 from tests.integration.conftest import Stack
 
 pytestmark = pytest.mark.e2e
@@ -359,3 +363,63 @@ def test_the_rerun_button_reruns_an_ended_run_from_its_failed_step(
         hidden = client.post(f"/dashboard/runs/{theirs.id}/rerun", data=form)
         assert hidden.status_code == 404
     orch.cancel(live.id, owner=owner)
+
+
+def test_an_operator_sees_every_owners_runs_and_cancels_one_journalled_by_name(
+    api: ApiServer, browser: Browser, worker: ManagedProcess, beat: ManagedProcess, stack: Stack,
+    orch: Orchestrator, owner: str,
+) -> None:  # fmt: skip
+    with session_scope(stack.settings.database_url) as session:
+        token = tokens.create(session, None, "oncall-alice", now=utcnow(), operator=True)
+    mine = orch.launch(scripted([["running"]], name="acme-job"), owner=owner)
+    theirs = orch.launch(scripted([["running"]], name="globex-job"), owner=owner + "-globex")
+    wait_for(lambda: orch.get(theirs.id, owner=owner + "-globex").status == "running", 20)
+    _sign_in(browser, api, token)
+    assert "operator oncall-alice" in browser.evaluate("document.querySelector('.who').innerText")
+    owners = browser.evaluate(
+        "Object.fromEntries(Array.from(document.querySelectorAll('tr[data-run-id]')).map("
+        "r => [r.dataset.runId, r.querySelector('td.owner').innerText]))"
+    )
+    assert (owners[mine.id], owners[theirs.id]) == (owner, owner + "-globex")
+    browser.screenshot("dashboard-operator-runs.png")
+    browser.open(f"{api.url}/dashboard?owner={owner}-globex")
+    shown = browser.evaluate(
+        "Array.from(document.querySelectorAll('tr[data-run-id]')).map(r => r.dataset.runId)"
+    )
+    assert shown == [theirs.id]
+    browser.open(f"{api.url}/dashboard/runs/{theirs.id}")
+    assert browser.evaluate("document.getElementById('owner').innerText") == owner + "-globex"
+    browser.mark()
+    browser.click("#cancel")
+    browser.loaded()
+    assert browser.evaluate("document.getElementById('run-status').innerText") == "cancelled"
+    causes = [event["cause"] for event in orch.events(theirs.id, owner=owner + "-globex")]
+    assert "cancel requested by operator oncall-alice" in causes
+    assert "cancelled by operator oncall-alice" in browser.evaluate("document.body.innerText")
+    browser.screenshot("dashboard-operator-cancelled.png")
+    # The fleet page: the worker that ran the steps, the sweeper's pass, the queue, the plots.
+    wait_for(lambda: orch.transact(lambda session: Done(fleet.snapshot(
+        session, stack.settings, orch.clock()).sweepers)), 30, what="a sweeper pass")  # fmt: skip
+    browser.open(f"{api.url}/dashboard/fleet")
+    workers = browser.evaluate(
+        "Array.from(document.querySelectorAll('tr[data-worker]')).map(r => r.dataset.worker)"
+    )
+    assert workers, "no host that ran a step is shown"
+    nodes = browser.evaluate("document.querySelector('#workers td.nodes').innerText")
+    assert f"-{stack.settings.queue}@" in nodes and "prefork" in nodes, nodes
+    assert browser.evaluate("document.getElementById('queue-depth').innerText").isdigit()
+    swept = browser.evaluate("document.getElementById('sweeper').innerText")
+    assert "live " in swept and " ms" in swept, swept  # the runs it looked at, and its time
+    for plot in ("started", "ended"):
+        assert browser.evaluate(f"document.querySelectorAll('#plot-{plot} rect.bar').length") == 60
+    browser.screenshot("dashboard-fleet.png")
+    # An owner's token still sees only its own runs, and not the other owner's run page.
+    _sign_in(browser, api, make_token(stack, owner, "browser"))
+    browser.open(f"{api.url}/dashboard/runs/{theirs.id}")
+    assert "Not found" in browser.evaluate("document.body.innerText")
+    browser.open(f"{api.url}/dashboard?owner={owner}-globex")
+    listed = browser.evaluate(
+        "Array.from(document.querySelectorAll('tr[data-run-id]')).map(r => r.dataset.runId)"
+    )
+    assert theirs.id not in listed and mine.id in listed
+    orch.cancel(mine.id, owner=owner)

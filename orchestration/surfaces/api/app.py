@@ -17,7 +17,16 @@ from starlette.concurrency import run_in_threadpool
 
 from orchestration.runtime.liveness import check
 from orchestration.service import Orchestrator
-from orchestration.surfaces.api import dashboard, errors, metrics, runs, tokens, workflows
+from orchestration.surfaces.api import (
+    dashboard,
+    errors,
+    fleet_page,
+    metrics,
+    operator,
+    runs,
+    tokens,
+    workflows,
+)
 from orchestration.surfaces.api.auth import orchestrator as app_orchestrator
 from orchestration.surfaces.api.limits import BodyLimit, max_body_bytes
 
@@ -69,7 +78,9 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     app.add_middleware(BodyLimit, limit=max_body or max_body_bytes())
     app.include_router(runs.router)
     app.include_router(workflows.router)
+    app.include_router(operator.router)
     app.include_router(dashboard.router)
+    app.include_router(fleet_page.router)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["operations"])
     app.add_api_route(
         "/metrics", metrics_text, methods=["GET"], tags=["operations"], response_class=Response

@@ -37,29 +37,61 @@ def orchestrator(request: Request) -> Orchestrator:
     return orch
 
 
-def resolve(orch: Orchestrator, token: str | None) -> str | None:
-    """The owner for ``token``, or ``None`` when it is missing, unknown or revoked."""
+def resolve(orch: Orchestrator, token: str | None) -> tuple[str, str | None] | None:
+    """``(owner, operator name)`` for ``token`` (the name only for an operator's token, whose
+    owner is ``""``), or ``None`` when it is missing, unknown or revoked."""
     if not token:
         return None
     with session_scope(orch.settings.database_url) as session:
-        return tokens.owner_for(session, token)
+        row = tokens.holder_of(session, token)
+        if row is None:
+            return None
+        return row.owner, (row.name or "operator") if row.operator else None
 
 
 def _unauthorized(message: str) -> ApiError:
     return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
 
 
+def _holder(
+    request: Request, credentials: HTTPAuthorizationCredentials | None
+) -> tuple[str, str | None, bool]:
+    """``(owner, name, operator)`` of the request's live token; 401 ``unauthorized`` else."""
+    if credentials is None:
+        raise _unauthorized("missing bearer token: send `Authorization: Bearer <token>`")
+    with session_scope(orchestrator(request).settings.database_url) as session:
+        row = tokens.holder_of(session, credentials.credentials)
+        if row is None:
+            raise _unauthorized("unknown or revoked token")
+        return row.owner, row.name, row.operator
+
+
 def api_owner(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> str:
-    """The owner of a JSON API request; 401 ``unauthorized`` otherwise."""
-    if credentials is None:
-        raise _unauthorized("missing bearer token: send `Authorization: Bearer <token>`")
-    owner = resolve(orchestrator(request), credentials.credentials)
-    if owner is None:
-        raise _unauthorized("unknown or revoked token")
+    """The owner of a JSON API request; 401 ``unauthorized`` otherwise, 403 ``forbidden``
+    for an operator's token (it acts as no owner: its routes are under ``/operator``)."""
+    owner, _, operator = _holder(request, credentials)
+    if operator:
+        raise ApiError(
+            403, "forbidden", "an operator token acts as no owner; use the /operator routes"
+        )
     return owner
+
+
+def api_operator(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> str:
+    """The name of the operator token of a request (what the journal shows); 403
+    ``forbidden`` for an owner's token."""
+    _, name, operator = _holder(request, credentials)
+    if not operator:
+        raise ApiError(
+            403, "forbidden", "this route needs an operator token (tokens create --operator)"
+        )
+    return name or "operator"
 
 
 def dashboard_token(request: Request) -> str | None:
@@ -91,4 +123,5 @@ def csrf_ok(token: str, value: str) -> bool:
 
 
 ApiOwner = Annotated[str, Depends(api_owner)]
+ApiOperator = Annotated[str, Depends(api_operator)]
 Orch = Annotated[Orchestrator, Depends(orchestrator)]

@@ -53,8 +53,18 @@ def serve(
 
 @tokens_app.command("create")
 def create(
-    owner: Annotated[str, typer.Option("--owner", help="The owner the token acts as.")],
+    owner: Annotated[
+        str | None, typer.Option("--owner", help="The owner the token acts as.")
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="A label, e.g. ci or alice.")] = None,
+    operator: Annotated[
+        bool,
+        typer.Option(
+            "--operator",
+            help="An operator's token (no --owner; --name is journalled): reads and cancels "
+            "every owner's runs under /operator.",
+        ),
+    ] = False,
 ) -> None:
     """Create a token and print it once (only its hash is stored)."""
     from orchestration.db import session_scope, utcnow
@@ -65,13 +75,13 @@ def create(
     try:
         tokens.check_ready(url)
         with session_scope(url) as session:
-            token = tokens.create(session, owner, name, now=utcnow())
+            token = tokens.create(session, owner, name, now=utcnow(), operator=operator)
     except OrchestrationError as exc:
         raise _fail(exc) from None
     sys.stdout.write(token + "\n")
+    holder = f"operator [bold]{name}[/]" if operator else f"owner [bold]{owner}[/]"
     _err.print(
-        f"token for owner [bold]{owner}[/] created; it is shown only now, store it safely",
-        highlight=False,
+        f"token for {holder} created; it is shown only now, store it safely", highlight=False
     )
 
 
@@ -95,7 +105,7 @@ def list_tokens(
     for row in rows:
         table.add_row(
             row.token_hash[:12],
-            row.owner,
+            "(operator)" if row.operator else row.owner,
             row.name or "-",
             row.created_at.isoformat(timespec="seconds"),
             row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else "-",

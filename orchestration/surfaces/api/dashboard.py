@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -101,22 +102,43 @@ def preview(value: Any, limit: int = 160) -> str:
 _templates.filters.update(duration=duration, stamp=stamp, preview=preview)
 
 
-def _page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+def render(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    """A dashboard page from its template (every value escaped)."""
     return HTMLResponse(_templates.get_template(name).render(**context), status_code=status_code)
 
 
-def _to_login() -> RedirectResponse:
+def to_login() -> RedirectResponse:
+    """Where a request that is not signed in goes."""
     return RedirectResponse("/dashboard/login", status_code=303)
 
 
-def _session(request: Request) -> tuple[Orchestrator, str, str] | None:
-    """The orchestrator, the caller's token and owner; ``None`` when not signed in."""
+@dataclass(frozen=True)
+class Signed:
+    """Who is signed in: an owner, or an operator (``owner`` ``""``) who sees every owner's
+    runs and may cancel any of them."""
+
+    orch: Orchestrator
+    token: str
+    owner: str
+    operator: str | None
+
+    def owner_of(self, run_id: str) -> str:
+        """The owner to act as on ``run_id``: the run's, for an operator."""
+        return self.orch.owner_of(run_id) if self.operator else self.owner
+
+    def page(self, **context: Any) -> dict[str, Any]:
+        """What every page's header shows."""
+        return {"owner": self.owner, "operator": self.operator, **context}
+
+
+def signed_in_as(request: Request) -> Signed | None:
+    """The signed-in caller; ``None`` when not signed in."""
     orch = app_orchestrator(request)
     token = dashboard_token(request)
-    owner = resolve(orch, token)
-    if token is None or owner is None:
+    found = resolve(orch, token)
+    if token is None or found is None:
         return None
-    return orch, token, owner
+    return Signed(orch, token, *found)
 
 
 @router.get("", response_class=HTMLResponse)
@@ -126,19 +148,23 @@ def runs_page(
     health: Annotated[str | None, Query()] = None,
     cursor: Annotated[str | None, Query()] = None,
     refresh: Annotated[int | None, Query(ge=2, le=3600)] = None,
+    owner: Annotated[str | None, Query()] = None,
 ) -> Response:
-    """The caller's runs, newest first, filterable by status and health."""
-    signed_in = _session(request)
+    """The caller's runs (an operator's: every owner's, ``owner`` filtering), newest first,
+    filterable by status and health."""
+    signed_in = signed_in_as(request)
     if signed_in is None:
-        return _to_login()
-    orch, _, owner = signed_in
-    status, health = status or None, health or None
+        return to_login()
+    orch = signed_in.orch
+    status, health, owner = status or None, health or None, owner or None
     filters = {"status": status, "health": health, "refresh": refresh}
+    if signed_in.operator:
+        filters["owner"] = owner
     error: str | None = None
     try:
         runs, last = paging.page(
             orch,
-            owner=owner,
+            owner=(owner if signed_in.operator else signed_in.owner),
             status=status,
             health=health,
             limit=PAGE_SIZE,
@@ -152,9 +178,9 @@ def runs_page(
         older = "?" + urlencode(
             {k: v for k, v in {**filters, "cursor": last.encode()}.items() if v is not None}
         )
-    return _page(
+    return render(
         "runs.html",
-        owner=owner,
+        **signed_in.page(),
         runs=runs,
         now=now,
         relative=relative,
@@ -175,20 +201,21 @@ def run_page(
 ) -> Response:
     """One run: its steps, its journal as a timeline, the explanation, and a cancel button
     (live) or a rerun form (ended other than completed)."""
-    signed_in = _session(request)
+    signed_in = signed_in_as(request)
     if signed_in is None:
-        return _to_login()
-    orch, token, owner = signed_in
+        return to_login()
+    orch, token = signed_in.orch, signed_in.token
     try:
+        owner = signed_in.owner_of(run_id)
         record = orch.get(run_id, owner=owner)
         summary = orch.explain(run_id, owner=owner)
         journal = orch.events(run_id, owner=owner)
     except RunNotFound as exc:
-        return _page("error.html", 404, owner=owner, title="Not found", message=str(exc))
+        return render("error.html", 404, **signed_in.page(), title="Not found", message=str(exc))
     now = orch.clock()
-    return _page(
+    return render(
         "run.html",
-        owner=owner,
+        **signed_in.page(),
         run=record,
         explain=summary,
         events=journal,
@@ -212,29 +239,38 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 async def _posted(
-    request: Request, act: Callable[[Orchestrator, str, dict[str, str]], RunRecord]
+    request: Request,
+    run_id: str,
+    act: Callable[[Orchestrator, str, dict[str, str], str | None], RunRecord],
+    *,
+    operator_may: bool = False,
 ) -> Response:
-    """A run page's form: signed in, its CSRF value checked, ``act`` run, then the run it
-    returns shown (303, so a reload does not repost): the same run, or a new rerun."""
-    signed_in = await run_in_threadpool(_session, request)
+    """A run page's form: signed in, its CSRF value checked, ``act`` run (with who acts, for
+    the journal: ``operator NAME``, or ``None`` for the owner), then the run it returns
+    shown (303, so a reload does not repost): the same run, or a new rerun. An operator may
+    only cancel (``operator_may``): approving and rerunning are the owner's."""
+    signed_in = await run_in_threadpool(signed_in_as, request)
     if signed_in is None:
-        return _to_login()
-    orch, token, owner = signed_in
+        return to_login()
     form = await _form(request)
-    if not csrf_ok(token, form.get("csrf", "")):
-        return _page(
-            "error.html",
-            403,
-            owner=owner,
-            title="Refused",
+    if not csrf_ok(signed_in.token, form.get("csrf", "")):
+        return render(
+            "error.html", 403, **signed_in.page(), title="Refused",
             message="the form is stale or came from another site; reload the run page",
-        )
+        )  # fmt: skip
+    if signed_in.operator and not operator_may:
+        return render(
+            "error.html", 403, **signed_in.page(), title="Refused",
+            message="an operator cancels runs; approving and rerunning are the owner's",
+        )  # fmt: skip
+    by = f"operator {signed_in.operator}" if signed_in.operator else None
     try:
-        record = await run_in_threadpool(act, orch, owner, form)
+        owner = await run_in_threadpool(signed_in.owner_of, run_id)
+        record = await run_in_threadpool(act, signed_in.orch, owner, form, by)
     except RunNotFound as exc:
-        return _page("error.html", 404, owner=owner, title="Not found", message=str(exc))
+        return render("error.html", 404, **signed_in.page(), title="Not found", message=str(exc))
     except (ConflictError, IdempotencyConflict, ValidationError) as exc:
-        return _page("error.html", 409, owner=owner, title="Not done", message=str(exc))
+        return render("error.html", 409, **signed_in.page(), title="Not done", message=str(exc))
     return RedirectResponse(f"/dashboard/runs/{record.id}", status_code=303)
 
 
@@ -243,9 +279,11 @@ async def cancel_run(request: Request, run_id: str) -> Response:
     """The cancel button."""
     return await _posted(
         request,
-        lambda orch, owner, form: orch.cancel(
-            run_id, owner=owner, graceful=form.get("graceful") == "true"
+        run_id,
+        lambda orch, owner, form, by: orch.cancel(
+            run_id, owner=owner, graceful=form.get("graceful") == "true", by=by
         ),
+        operator_may=True,
     )
 
 
@@ -254,7 +292,8 @@ async def decide_approval(request: Request, run_id: str, step_id: str) -> Respon
     """The approve and reject buttons of an approval step."""
     return await _posted(
         request,
-        lambda orch, owner, form: orch.approve(
+        run_id,
+        lambda orch, owner, form, _: orch.approve(
             run_id,
             step_id,
             owner=owner,
@@ -269,7 +308,8 @@ async def rerun_run(request: Request, run_id: str) -> Response:
     """The rerun form: the same domain call as ``POST /runs/{id}/rerun``, then the new run."""
     return await _posted(
         request,
-        lambda orch, owner, form: orch.rerun(
+        run_id,
+        lambda orch, owner, form, _: orch.rerun(
             run_id,
             owner=owner,
             from_step=form.get("from_step") or None,
@@ -284,7 +324,7 @@ def _login_form(request: Request, status_code: int = 200, error: str | None = No
     The value a browser already holds is kept, so a second tab's form stays valid.
     """
     value = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
-    response = _page("login.html", status_code, owner=None, error=error, csrf=value)
+    response = render("login.html", status_code, owner=None, error=error, csrf=value)
     response.set_cookie(
         LOGIN_CSRF_COOKIE,
         value,
@@ -340,6 +380,6 @@ async def login(request: Request) -> Response:
 @router.post("/logout")
 def logout() -> Response:
     """Forget the cookie."""
-    response = _to_login()
+    response = to_login()
     response.delete_cookie(COOKIE, path="/dashboard")
     return response

@@ -53,6 +53,7 @@ STATUS: tuple[tuple[type[OrchestrationError], int], ...] = (
 #: Codes for plain HTTP errors raised by routing (unknown path, wrong method, …).
 _HTTP_CODES = {
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     413: "body_too_large",

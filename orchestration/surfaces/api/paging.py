@@ -71,13 +71,14 @@ def start_key(cursor: str | None, before: datetime | None) -> Key | None:
 def page(
     orch: Orchestrator,
     *,
-    owner: str,
+    owner: str | None,
     status: str | None,
     health: str | None,
     limit: int,
     after: Key | None,
 ) -> tuple[list[RunSummary], Key | None]:
-    """Up to ``limit`` of the owner's runs after ``after``; and the key to continue from.
+    """Up to ``limit`` of the owner's runs (every owner's for ``None``: the operator's)
+    after ``after``; and the key to continue from.
 
     Raises :class:`ValidationError` for a bad filter or ``limit``.
     """
@@ -90,7 +91,7 @@ def page(
         before = None
         if seen is not None:
             before = seen.created_at + _TICK if seen.run_id else seen.created_at
-        batch = orch.list(owner=owner, status=status, health=health, limit=limit, before=before)
+        batch = orch.list_all(owner=owner, status=status, health=health, limit=limit, before=before)
         scanned += len(batch)
         fresh = [record for record in batch if seen is None or Key.of(record) < seen]
         if not fresh and len(batch) == limit and seen is not None:

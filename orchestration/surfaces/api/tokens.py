@@ -11,7 +11,7 @@ import hashlib
 import secrets
 from datetime import datetime
 
-from sqlalchemy import Index, String, inspect, select
+from sqlalchemy import Boolean, Index, String, false, inspect, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from orchestration.db import get_engine
@@ -36,6 +36,10 @@ class ApiToken(Base):
     name: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    #: An operator's token: reads and cancels every owner's runs on ``/operator``, acts as
+    #: no owner (``owner`` is ``""``, which no owner can be) and is named in every journal row
+    #: it writes.
+    operator: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 def hash_token(token: str) -> str:
@@ -51,22 +55,42 @@ def check_ready(url: str) -> None:
         )
 
 
-def create(session: Session, owner: str, name: str | None, *, now: datetime) -> str:
-    """Store a new token for ``owner`` and return it (the only time it is ever visible)."""
-    check_name("owner", owner)
+def create(
+    session: Session, owner: str | None, name: str | None, *, now: datetime, operator: bool = False
+) -> str:
+    """Store a new token for ``owner`` (an operator's: no owner, a ``name`` required) and
+    return it (the only time it is ever visible)."""
+    if operator:
+        if owner:
+            raise ValidationError("owner", "an operator token acts as no owner; leave it out")
+        if not name:
+            raise ValidationError("name", "an operator token needs a name: the journal shows it")
+    else:
+        check_name("owner", owner or "")
     if name is not None and not 1 <= len(name) <= 200:
         raise ValidationError("name", "must be 1-200 characters")
     token = PREFIX + secrets.token_urlsafe(32)
-    session.add(ApiToken(token_hash=hash_token(token), owner=owner, name=name, created_at=now))
+    session.add(
+        ApiToken(
+            token_hash=hash_token(token), owner="" if operator else owner, name=name,
+            created_at=now, operator=operator,
+        )
+    )  # fmt: skip
     return token
 
 
-def owner_for(session: Session, token: str) -> str | None:
-    """The owner ``token`` acts as, or ``None`` if it is unknown or revoked."""
+def holder_of(session: Session, token: str) -> ApiToken | None:
+    """The live token row of ``token``, or ``None`` if it is unknown or revoked."""
     row = session.get(ApiToken, hash_token(token))
     if row is None or row.revoked_at is not None:
         return None
-    return row.owner
+    return row
+
+
+def owner_for(session: Session, token: str) -> str | None:
+    """The owner ``token`` acts as, or ``None`` if it is unknown, revoked or an operator's."""
+    row = holder_of(session, token)
+    return None if row is None or row.operator else row.owner
 
 
 def listing(session: Session, owner: str | None = None) -> list[ApiToken]:

@@ -1,0 +1,60 @@
+"""What only the broker and the workers know, for the operator's fleet page: the run queue's
+depth and each worker's pool. Both are bounded by a short timeout and report ``None`` when
+the answer did not come, so a down broker slows the page by at most that timeout."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kombu.connection import Connection
+
+from orchestration.runtime.celery_queue import client_app
+from orchestration.settings import Settings
+
+LOG = logging.getLogger(__name__)
+#: Longest the page waits for the broker, and for the workers' replies (seconds).
+TIMEOUT = 1.0
+
+
+def queue_depth(settings: Settings) -> int | None:
+    """Messages waiting in the run queue (``ORCH_QUEUE``), or ``None`` if the broker did not
+    answer. A passive declare: it creates nothing; countdown messages a worker holds are not
+    counted (they are reserved, not waiting)."""
+    try:
+        with Connection(settings.broker_url, connect_timeout=TIMEOUT) as connection:  # type: ignore[no-untyped-call]
+            connection.ensure_connection(max_retries=1, timeout=TIMEOUT)
+            declared = connection.default_channel.queue_declare(queue=settings.queue, passive=True)
+            return int(declared.message_count)
+    except Exception as exc:
+        if "NOT_FOUND" in str(exc) or type(exc).__name__ == "NotFound":
+            # Redis keeps no key for an empty list, and no queue exists before a worker
+            # declares it: either way nothing is waiting.
+            return 0  # the page shows "unknown"; the reason goes to the log
+        LOG.info("queue depth of %s unknown: %s", settings.queue, type(exc).__name__)
+        return None
+
+
+def pools(settings: Settings) -> dict[str, dict[str, Any]] | None:
+    """Each replying worker's pool: ``{name: {pool, concurrency, active}}`` (Celery's
+    ``inspect stats`` and ``active``), or ``None`` when no worker answered in time."""
+    try:
+        inspect = client_app(settings).control.inspect(timeout=TIMEOUT)
+        stats = inspect.stats() or {}
+        active = inspect.active() or {}
+    except Exception as exc:
+        LOG.info("worker pools unknown: %s", type(exc).__name__)
+        return None
+    if not stats:
+        return None
+    return {
+        name: {
+            # ``celery.concurrency.prefork:TaskPool`` -> ``prefork``
+            "pool": str(info.get("pool", {}).get("implementation", ""))
+            .split(":")[0]
+            .rpartition(".")[2],
+            "concurrency": info.get("pool", {}).get("max-concurrency"),
+            "active": len(active.get(name, [])),
+        }
+        for name, info in sorted(stats.items())
+    }

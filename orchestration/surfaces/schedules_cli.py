@@ -1,0 +1,111 @@
+"""CLI commands for workflow schedules: ``orchestration schedules list|pause|resume|fire``.
+
+A schedule is the ``schedule:`` of the latest registered version of an owner's definition;
+the beat fires it (``orchestration.schedules``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestration.errors import OrchestrationError
+from orchestration.followups import Done
+from orchestration.surfaces.definitions_cli import AsJson, Owner, _dump, _fail
+
+schedules_app = typer.Typer(
+    help="Workflow schedules: next fires, last fires, pause and resume.", no_args_is_help=True
+)
+_out = Console()
+
+Name = Annotated[str, typer.Argument(help="The registered workflow's name.")]
+
+
+def _transact_and_owner(owner: str | None) -> tuple[Any, Any, str]:
+    from orchestration.service import Orchestrator
+    from orchestration.settings import get_settings
+
+    orch = Orchestrator.from_env()
+    return orch.transact, orch.clock, owner or get_settings().owner
+
+
+@schedules_app.command("list")
+def list_schedules(owner: Owner = None, as_json: AsJson = False) -> None:
+    """The owner's schedules: next fire times, paused or not, the last fires and their runs."""
+    from orchestration import schedules
+
+    try:
+        transact, clock, who = _transact_and_owner(owner)
+        now = clock()
+        found = transact(lambda session: Done(schedules.listing(session, who, now)))
+    except OrchestrationError as exc:
+        raise _fail(exc, as_json) from None
+    if as_json:
+        _dump(found)
+        return
+    table = Table("schedule", "when", "overlap", "state", "next fire", "last fires")
+    for one in found:
+        spec = one["schedule"]
+        when = spec.get("cron") or f"every {spec['every']}s"
+        last = "\n".join(
+            f"{fire['fire_at']} {fire['status']} {fire['run_id'] or fire['reason'] or ''}"
+            for fire in one["last_fires"][:3]
+        )
+        table.add_row(
+            one["ref"], f"{when} ({spec['timezone']})", spec["overlap"],
+            "paused" if one["paused"] else "active", one["next_fires"][0], last or "-",
+        )  # fmt: skip
+    _out.print(table)
+
+
+def _switch(name: str, owner: str | None, *, paused: bool) -> None:
+    from orchestration import schedules
+
+    try:
+        transact, clock, who = _transact_and_owner(owner)
+        now = clock()
+        changed = transact(
+            lambda session: Done(
+                schedules.pause(session, who, name, now)
+                if paused
+                else schedules.resume(session, who, name)
+            )
+        )
+    except OrchestrationError as exc:
+        raise _fail(exc, False) from None
+    state = "paused" if paused else "resumed"
+    _out.print(f"{state} {name}" if changed else f"{name} was already {state}", highlight=False)
+
+
+@schedules_app.command("pause")
+def pause(name: Name, owner: Owner = None) -> None:
+    """Pause: its fires are neither recorded nor launched until ``resume``."""
+    _switch(name, owner, paused=True)
+
+
+@schedules_app.command("resume")
+def resume(name: Name, owner: Owner = None) -> None:
+    """Resume: fires missed meanwhile inside ``catchup_window`` are launched, older ones
+    recorded as skipped."""
+    _switch(name, owner, paused=False)
+
+
+@schedules_app.command("fire")
+def fire() -> None:
+    """One pass of every owner's schedules now, as the beat runs it (counts as JSON)."""
+    from orchestration import schedules
+
+    try:
+        transact, clock, _ = _transact_and_owner(None)
+        report = schedules.fire(transact, transact.settings, clock())
+    except OrchestrationError as exc:
+        raise _fail(exc, True) from None
+    _dump(report)
+
+
+def register_commands(app: typer.Typer) -> None:
+    """Add ``schedules`` to the main CLI."""
+    app.add_typer(schedules_app, name="schedules")
