@@ -120,7 +120,7 @@ def _fanout_title(report: dict[str, Any]) -> str:
 
 #: Sections of ``docs/benchmarks.md`` another command measures (``make upkeep-bench``): a
 #: ``make bench`` keeps them as they are instead of dropping them.
-KEPT_SECTIONS = ("## Upkeep: prune and artifacts",)
+KEPT_SECTIONS = ("## Upkeep: prune and artifacts", "## Dashboard pages at 10,000 runs")
 
 
 def kept_sections(previous: str) -> str:

@@ -13,8 +13,10 @@ from orchestration.runtime.celery_queue import client_app
 from orchestration.settings import Settings
 
 LOG = logging.getLogger(__name__)
-#: Longest the page waits for the broker, and for the workers' replies (seconds).
+#: Longest the page waits for the broker (seconds).
 TIMEOUT = 1.0
+#: How long the workers' replies are collected: a broadcast waits all of it, whoever answers.
+REPLIES = 0.5
 
 
 def queue_depth(settings: Settings) -> int | None:
@@ -36,12 +38,11 @@ def queue_depth(settings: Settings) -> int | None:
 
 
 def pools(settings: Settings) -> dict[str, dict[str, Any]] | None:
-    """Each replying worker's pool: ``{name: {pool, concurrency, active}}`` (Celery's
-    ``inspect stats`` and ``active``), or ``None`` when no worker answered in time."""
+    """Each replying worker node's pool: ``{name: {pool, concurrency}}`` (Celery's ``inspect
+    stats``, one broadcast), or ``None`` when no node answered in :data:`REPLIES`. What runs
+    now is the database's to say (the steps each host stamps)."""
     try:
-        inspect = client_app(settings).control.inspect(timeout=TIMEOUT)
-        stats = inspect.stats() or {}
-        active = inspect.active() or {}
+        stats = client_app(settings).control.inspect(timeout=REPLIES).stats() or {}
     except Exception as exc:
         LOG.info("worker pools unknown: %s", type(exc).__name__)
         return None
@@ -54,7 +55,6 @@ def pools(settings: Settings) -> dict[str, dict[str, Any]] | None:
             .split(":")[0]
             .rpartition(".")[2],
             "concurrency": info.get("pool", {}).get("max-concurrency"),
-            "active": len(active.get(name, [])),
         }
         for name, info in sorted(stats.items())
     }

@@ -12,13 +12,11 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from typer._click import Context as ClickContext  # typer vendors click; its groups take this
@@ -30,6 +28,7 @@ from orchestration.records import RunRecord
 from orchestration.settings import get_settings
 from orchestration.states import RUN_TERMINAL, RunStatus
 from orchestration.surfaces import display
+from orchestration.surfaces.cli_common import AsJson, Owner, dump, err, error_line, failed
 
 
 class _SettingsFirst(TyperGroup):
@@ -60,12 +59,6 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
 out = Console()
-err = Console(stderr=True)
-
-Owner = Annotated[
-    str | None, typer.Option("--owner", help="Owner of the runs (default: ORCH_OWNER).")
-]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
 
 
 def _owner(owner: str | None) -> str:
@@ -78,16 +71,6 @@ def _orchestrator() -> Any:
     return Orchestrator.from_env()
 
 
-def _dump(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, default=_default, ensure_ascii=False) + "\n")
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"not JSON: {type(value).__name__}")
-
-
 def _record_json(record: RunRecord) -> dict[str, Any]:
     return record.model_dump(mode="json")
 
@@ -96,26 +79,8 @@ def _show(record: RunRecord) -> None:
     display.show(out, record)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _fail(exc: OrchestrationError, as_json: bool) -> NoReturn:
-    """Report ``exc`` as one line on stderr (JSON with ``--json``) and exit 2."""
-    if as_json:
-        body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
-        if isinstance(exc, ValidationError):
-            body["field"] = exc.field
-        sys.stderr.write(json.dumps({"error": body}) + "\n")
-    else:
-        _error_line(str(exc))
-    raise typer.Exit(2)
-
-
-def _error_line(message: str) -> None:
-    # Escaped, because a message may quote user input such as ``[/]``; never wrapped, so a
-    # program reading stderr gets exactly one line.
-    err.print(f"[red]error:[/] {escape(_one_line(message))}", soft_wrap=True, highlight=False)
+    raise failed(exc, as_json)
 
 
 def _database_error(exc: SQLAlchemyError) -> str:
@@ -168,7 +133,7 @@ def launch(
     except OrchestrationError as exc:
         _fail(exc, as_json)
     if as_json:
-        _dump(_record_json(record))
+        dump(_record_json(record))
     else:
         _show(record)
     if wait and record.status != RunStatus.COMPLETED:
@@ -197,7 +162,7 @@ def _print_record(call: Callable[[], RunRecord], as_json: bool) -> None:
     except OrchestrationError as exc:
         _fail(exc, as_json)
     if as_json:
-        _dump(_record_json(record))
+        dump(_record_json(record))
     else:
         _show(record)
 
@@ -221,7 +186,7 @@ def runs(
     except OrchestrationError as exc:
         _fail(exc, as_json)
     if as_json:
-        _dump([_record_json(record) for record in records])
+        dump([_record_json(record) for record in records])
         return
     table = Table("run", "workflow", "status", "health", "created", "deadline_at")
     for record in records:
@@ -315,7 +280,7 @@ def explain(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
     except OrchestrationError as exc:
         _fail(exc, as_json)
     if as_json:
-        _dump(summary)
+        dump(summary)
     else:
         out.print(summary["text"], highlight=False)
 
@@ -334,7 +299,7 @@ def sweep(as_json: AsJson = False) -> None:
     except OrchestrationError as exc:
         _fail(exc, as_json)
     if as_json:
-        _dump(report)
+        dump(report)
     else:
         out.print(", ".join(f"{key}={value}" for key, value in report.items()))
 
@@ -368,7 +333,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     except OrchestrationError as exc:
         _fail(exc, False)
     except SQLAlchemyError as exc:
-        _error_line(_database_error(exc))
+        error_line(_database_error(exc))
         raise typer.Exit(2) from None
     out.print(f"database at revision {revision}")
 
@@ -392,8 +357,8 @@ def main() -> None:
     try:
         app()
     except OrchestrationError as exc:
-        _error_line(str(exc))
+        error_line(str(exc))
         sys.exit(2)
     except SQLAlchemyError as exc:
-        _error_line(_database_error(exc))
+        error_line(_database_error(exc))
         sys.exit(2)

@@ -5,38 +5,19 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestration.errors import OrchestrationError, ValidationError
+from orchestration.errors import OrchestrationError
+from orchestration.surfaces.cli_common import AsJson, Owner, dump, failed
 
 workflows_app = typer.Typer(
     help="Registered workflow definitions (name@version).", no_args_is_help=True
 )
 _out = Console()
-_err = Console(stderr=True)
-
-Owner = Annotated[
-    str | None, typer.Option("--owner", help="Owner of the definitions (default: ORCH_OWNER).")
-]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
-
-
-def _fail(exc: OrchestrationError, as_json: bool) -> typer.Exit:
-    """One line on stderr (JSON with ``--json``, naming the field) and exit status 2."""
-    if as_json:
-        body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
-        if isinstance(exc, ValidationError):
-            body["field"] = exc.field
-        sys.stderr.write(json.dumps({"error": body}) + "\n")
-    else:
-        _err.print(f"[red]error:[/] {exc}", highlight=False, markup=True)
-    return typer.Exit(2)
 
 
 def _orchestrator_and_owner(owner: str | None) -> tuple[Any, str]:
@@ -44,10 +25,6 @@ def _orchestrator_and_owner(owner: str | None) -> tuple[Any, str]:
     from orchestration.settings import get_settings
 
     return Orchestrator.from_env(), owner or get_settings().owner
-
-
-def _dump(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
 @workflows_app.command("register")
@@ -67,9 +44,9 @@ def register(
         orch, who = _orchestrator_and_owner(owner)
         found, created = orch.register_workflow(load_file(file), owner=who, shared=shared)
     except OrchestrationError as exc:
-        raise _fail(exc, as_json) from None
+        raise failed(exc, as_json) from None
     if as_json:
-        _dump({**found.summary(), "created": created})
+        dump({**found.summary(), "created": created})
         return
     said = "registered" if created else "unchanged:"
     _out.print(f"{said} {found.ref}  sha256:{found.sha256[:12]}", highlight=False)
@@ -82,9 +59,9 @@ def list_workflows(owner: Owner = None, as_json: AsJson = False) -> None:
         orch, who = _orchestrator_and_owner(owner)
         found = orch.workflows(owner=who)
     except OrchestrationError as exc:
-        raise _fail(exc, as_json) from None
+        raise failed(exc, as_json) from None
     if as_json:
-        _dump([one.summary() for one in found])
+        dump([one.summary() for one in found])
         return
     table = Table("workflow", "steps", "args", "sha256", "scope", "registered")
     for one in found:
@@ -106,8 +83,8 @@ def show(
         orch, who = _orchestrator_and_owner(owner)
         found = orch.workflow(ref, owner=who)
     except OrchestrationError as exc:
-        raise _fail(exc, True) from None
-    _dump({**found.summary(), "definition": found.definition})
+        raise failed(exc, True) from None
+    dump({**found.summary(), "definition": found.definition})
 
 
 def register_commands(app: typer.Typer) -> None:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from orchestration.errors import OrchestrationError
 from orchestration.followups import Done
-from orchestration.surfaces.definitions_cli import AsJson, Owner, _dump, _fail
+from orchestration.surfaces.cli_common import AsJson, Owner, dump, failed
 
 schedules_app = typer.Typer(
     help="Workflow schedules: next fires, last fires, pause and resume.", no_args_is_help=True
@@ -42,9 +42,9 @@ def list_schedules(owner: Owner = None, as_json: AsJson = False) -> None:
         now = clock()
         found = transact(lambda session: Done(schedules.listing(session, who, now)))
     except OrchestrationError as exc:
-        raise _fail(exc, as_json) from None
+        raise failed(exc, as_json) from None
     if as_json:
-        _dump(found)
+        dump(found)
         return
     table = Table("schedule", "when", "overlap", "state", "next fire", "last fires")
     for one in found:
@@ -75,7 +75,7 @@ def _switch(name: str, owner: str | None, *, paused: bool) -> None:
             )
         )
     except OrchestrationError as exc:
-        raise _fail(exc, False) from None
+        raise failed(exc, False) from None
     state = "paused" if paused else "resumed"
     _out.print(f"{state} {name}" if changed else f"{name} was already {state}", highlight=False)
 
@@ -102,8 +102,8 @@ def fire() -> None:
         transact, clock, _ = _transact_and_owner(None)
         report = schedules.fire(transact, transact.settings, clock())
     except OrchestrationError as exc:
-        raise _fail(exc, True) from None
-    _dump(report)
+        raise failed(exc, True) from None
+    dump(report)
 
 
 def register_commands(app: typer.Typer) -> None:

@@ -423,3 +423,67 @@ def test_an_operator_sees_every_owners_runs_and_cancels_one_journalled_by_name(
     )
     assert theirs.id not in listed and mine.id in listed
     orch.cancel(mine.id, owner=owner)
+
+
+def test_an_owner_launches_each_registered_version_from_the_form_and_sees_it_ran(
+    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    owner: str,
+) -> None:  # fmt: skip
+    def research(task: str) -> dict[str, Any]:
+        flow = scripted([["completed"]], name="research")
+        flow["steps"][0]["task"] = task
+        flow["args_schema"] = {
+            "type": "object", "required": ["topic"],
+            "properties": {"topic": {"type": "string", "minLength": 2}},
+        }  # fmt: skip
+        return flow
+
+    orch.register_workflow(research("Research {{ args.topic }}"), owner=owner)
+    orch.register_workflow(research("Dig into {{ args.topic }}"), owner=owner)
+    _sign_in(browser, api, make_token(stack, owner, "browser"))
+    for version, task in ((1, "Research otters"), (2, "Dig into otters")):
+        browser.open(f"{api.url}/dashboard/launch?workflow=research@{version}")
+        assert browser.evaluate("document.getElementById('chosen').innerText") == (
+            f"research@{version}"
+        )
+        browser.type_into("#arg-topic", "x" if version == 1 else "otters")
+        browser.mark()
+        browser.click("#launch")
+        browser.loaded()
+        if version == 1:  # too short: the error is at the field, nothing launched
+            error = browser.evaluate("document.getElementById('error-topic').innerText")
+            assert "at least 2" in error, error
+            browser.screenshot("dashboard-launch-error.png")
+            browser.evaluate("document.getElementById('arg-topic').value = ''")
+            browser.type_into("#arg-topic", "otters")
+            browser.mark()
+            browser.click("#launch")
+            browser.loaded()
+        run_id = browser.evaluate("location.pathname").rsplit("/", 1)[1]
+        wait_for(lambda ran=run_id: orch.get(ran, owner=owner).status == "completed", 30)
+        browser.open(f"{api.url}/dashboard/runs/{run_id}")
+        text = browser.evaluate("document.body.innerText")
+        assert f"research@{version}" in text
+        assert orch.get(run_id, owner=owner).steps[0].input == task
+        bars = browser.evaluate("document.querySelectorAll('#phases rect.phase').length")
+        assert bars >= 1
+    browser.screenshot("dashboard-run-timeline.png")
+
+
+def test_a_live_run_page_updates_in_place_without_a_reload(
+    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    owner: str,
+) -> None:  # fmt: skip
+    run = orch.launch(scripted([["running", 4.0], ["completed"]], name="live"), owner=owner)
+    wait_for(lambda: orch.get(run.id, owner=owner).status == "running", 20)
+    _sign_in(browser, api, make_token(stack, owner, "browser"))
+    browser.open(f"{api.url}/dashboard/runs/{run.id}")
+    assert browser.evaluate("document.getElementById('run-status').innerText") == "running"
+    browser.evaluate("window.keptAcrossUpdates = 42")  # a reload would drop it
+    wait_for(
+        lambda: browser.evaluate("document.getElementById('run-status').innerText") == "completed",
+        30,
+        what="the page showing the run completed",
+    )
+    assert browser.evaluate("window.keptAcrossUpdates") == 42
+    assert browser.evaluate("location.pathname") == f"/dashboard/runs/{run.id}"

@@ -261,3 +261,29 @@ def test_only_the_latest_version_is_scheduled(orch: Orchestrator) -> None:
     _register(orch, {"name": "nightly", "steps": [step_spec()]}, T0 + timedelta(seconds=5))
     assert _pass(orch, T0 + timedelta(seconds=30))["schedules"] == 0
     assert _fires(orch) == []
+
+
+def test_the_dashboard_shows_next_fire_times_and_the_run_each_fire_made(
+    orch: Orchestrator, settings: Settings
+) -> None:
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from orchestration.db import session_scope
+    from orchestration.surfaces.api import tokens
+    from orchestration.surfaces.api.app import create_app
+
+    _register(orch, _workflow(overlap="enqueue"))
+    _pass(orch, T0 + timedelta(seconds=10))
+    (run,) = _runs(orch)
+    with session_scope(settings.database_url) as session:
+        token = tokens.create(session, OWNER, "t", now=T0)
+    clocked = Orchestrator(settings, None, clock=lambda: T0 + timedelta(seconds=12))
+    page = TestClient(create_app(clocked), headers={"Authorization": f"Bearer {token}"}).get(
+        "/dashboard/schedules"
+    )
+    assert page.status_code == 200
+    nexts = re.findall(r'<span class="mono next-fire">([^<]+)</span>', page.text)
+    assert nexts[:2] == [(T0 + timedelta(seconds=s)).isoformat() for s in (20, 30)]
+    assert f'href="/dashboard/runs/{run.id}"' in page.text

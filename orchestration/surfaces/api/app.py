@@ -21,9 +21,11 @@ from orchestration.surfaces.api import (
     dashboard,
     errors,
     fleet_page,
+    launch_page,
     metrics,
     operator,
     runs,
+    schedules_page,
     tokens,
     workflows,
 )
@@ -81,6 +83,8 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     app.include_router(operator.router)
     app.include_router(dashboard.router)
     app.include_router(fleet_page.router)
+    app.include_router(launch_page.router)
+    app.include_router(schedules_page.router)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["operations"])
     app.add_api_route(
         "/metrics", metrics_text, methods=["GET"], tags=["operations"], response_class=Response

@@ -36,7 +36,7 @@ from orchestration.execution import approving
 from orchestration.records import RunRecord
 from orchestration.service import Orchestrator
 from orchestration.states import RUN_TERMINAL, Health, RunStatus
-from orchestration.surfaces.api import paging
+from orchestration.surfaces.api import paging, timeline
 from orchestration.surfaces.api.auth import (
     COOKIE,
     csrf_ok,
@@ -219,6 +219,8 @@ def run_page(
         run=record,
         explain=summary,
         events=journal,
+        timeline=timeline.build(record, journal, now),
+        geometry=timeline,
         now=now,
         relative=relative,
         csrf=csrf_value(token),
@@ -231,10 +233,10 @@ def run_page(
     )
 
 
-async def _form(request: Request) -> dict[str, str]:
-    # A urlencoded form, parsed here rather than through python-multipart: the body is
-    # already bounded by the BodyLimit middleware.
-    fields = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=20)
+async def form_of(request: Request) -> dict[str, str]:
+    """A urlencoded form, parsed here rather than through python-multipart: the body is
+    already bounded by the BodyLimit middleware."""
+    fields = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=100)
     return {key: values[0] for key, values in fields.items()}
 
 
@@ -252,7 +254,7 @@ async def _posted(
     signed_in = await run_in_threadpool(signed_in_as, request)
     if signed_in is None:
         return to_login()
-    form = await _form(request)
+    form = await form_of(request)
     if not csrf_ok(signed_in.token, form.get("csrf", "")):
         return render(
             "error.html", 403, **signed_in.page(), title="Refused",
@@ -351,7 +353,7 @@ async def login(request: Request) -> Response:
     browser in as the attacker's owner (login CSRF); a ``SameSite=Strict`` cookie is not
     sent with that cross-site post, and the other site cannot read it to fill the form.
     """
-    form = await _form(request)
+    form = await form_of(request)
     expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
     if not expected or not same_secret(expected, form.get("csrf", "")):
         return _login_form(
