@@ -487,3 +487,60 @@ def test_a_live_run_page_updates_in_place_without_a_reload(
     )
     assert browser.evaluate("window.keptAcrossUpdates") == 42
     assert browser.evaluate("location.pathname") == f"/dashboard/runs/{run.id}"
+
+
+#: axe-core's browser build; `.ci/run` installs it from the npm registry.
+AXE = os.environ.get("ORCH_TEST_AXE")
+
+
+def _audit(browser: Browser, name: str) -> list[dict[str, Any]]:
+    """Run axe-core on the page; keep its full result in ``test-artifacts/axe-NAME.json`` and
+    return the serious and critical violations."""
+    assert AXE is not None
+    browser.call("Runtime.evaluate", expression=Path(AXE).read_text())
+    reply = browser.call(
+        "Runtime.evaluate",
+        expression="axe.run(document).then(r => JSON.stringify(r))",
+        awaitPromise=True,
+        returnByValue=True,
+    )
+    result = json.loads(reply["result"]["value"])
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / f"axe-{name}.json").write_text(json.dumps(result["violations"], indent=2))
+    return [
+        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:3]}
+        for v in result["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+@pytest.mark.skipif(not AXE and not IN_CI, reason="set ORCH_TEST_AXE to axe.min.js (.ci/run does)")
+def test_every_page_has_no_serious_or_critical_axe_core_violation(
+    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    owner: str,
+) -> None:  # fmt: skip
+    flow = scripted([["running", 30.0]], name="audited")
+    flow["args_schema"] = {"type": "object", "properties": {"topic": {"type": "string"}}}
+    orch.register_workflow(flow, owner=owner)
+    run = orch.launch("audited", {"topic": "otters"}, owner=owner)
+    wait_for(lambda: orch.get(run.id, owner=owner).status == "running", 20)
+    found: dict[str, list[dict[str, Any]]] = {}
+    browser.open(f"{api.url}/dashboard/login")
+    found["login"] = _audit(browser, "login")
+    _sign_in(browser, api, make_token(stack, owner, "browser"))
+    for name, path in (
+        ("runs", "/dashboard"),
+        ("run", f"/dashboard/runs/{run.id}"),
+        ("launch", "/dashboard/launch"),
+        ("schedules", "/dashboard/schedules"),
+        ("not-found", "/dashboard/runs/nope"),
+    ):
+        browser.open(f"{api.url}{path}")
+        found[name] = _audit(browser, name)
+    with session_scope(stack.settings.database_url) as session:
+        operator = tokens.create(session, None, "axe", now=utcnow(), operator=True)
+    _sign_in(browser, api, operator)
+    browser.open(f"{api.url}/dashboard/fleet")
+    found["fleet"] = _audit(browser, "fleet")
+    orch.cancel(run.id, owner=owner)
+    assert {name: bad for name, bad in found.items() if bad} == {}
