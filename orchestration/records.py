@@ -50,7 +50,8 @@ class StepRecord(BaseModel):
     #: provider_run_id, started_at, ended_at}``.
     past_attempts: list[dict[str, Any]] = Field(default_factory=list)
     #: A ``for_each`` or ``parallel`` step's branch runs, in branch order: ``{id, index,
-    #: run_id, status, attempt, output, error, provider_run_id}`` each (``None`` otherwise).
+    #: run_id, status, attempt, output, output_artifact, error, provider_run_id, started_at,
+    #: finished_at}`` each (``None`` otherwise).
     branches: list[dict[str, Any]] | None = None
 
     @field_validator("past_attempts", mode="before")

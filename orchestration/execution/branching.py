@@ -216,6 +216,8 @@ def of_step(session: Session, run_id: str, index: int) -> list[Any]:
                 Run.claim,
                 Run.error,
                 Run.stop_reason,
+                Run.started_at,
+                Run.finished_at,
                 Step.attempt,
                 Step.provider_run_id,
                 Step.output,
@@ -242,6 +244,7 @@ def listed(session: Session, run_id: str) -> dict[int, list[dict[str, Any]]]:
                     "output": None if row.output_sha256 else row.output,
                     "output_artifact": row.output if row.output_sha256 else None,
                     "error": row.error, "provider_run_id": row.provider_run_id,
+                    "started_at": row.started_at, "finished_at": row.finished_at,
                 }
                 for row in rows
             ]  # fmt: skip

@@ -59,3 +59,19 @@ def test_each_step_phase_is_one_bar_placed_by_its_recorded_times(settings: Setti
         assert int(y) == ["a", "b"].index(step) * timeline.ROW
         recorded = next(s for s in record.steps if s.step_id == step)
         assert ended_at == recorded.finished_at  # the phase ends when the step completed
+
+
+def test_a_branching_step_has_a_row_and_a_bar_per_branch_run(settings: Settings) -> None:
+    from tests.unit.test_branches import _research
+
+    world = World(settings)
+    run_id = world.launch(_research(), {"topics": ["ants", "bees"]})
+    world.pump()
+    record = world.record(run_id)
+    assert record.status == "completed"
+    drawn = timeline.build(record, world.orch.events(run_id, owner=OWNER), world.clock.now)
+    assert drawn.steps == ["research", "  [0]", "  [1]", "summary"]
+    branches = [phase for phase in drawn.phases if phase.row in (1, 2)]
+    assert [(p.row, p.status) for p in branches] == [(1, "completed"), (2, "completed")]
+    for phase, branch in zip(branches, record.steps[0].branches or [], strict=True):
+        assert (phase.start, phase.end) == (branch["started_at"], branch["finished_at"])

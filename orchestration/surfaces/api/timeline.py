@@ -4,7 +4,8 @@ A phase is the time a step spent in one status, from the journal row that entere
 next one (or to the step's end, or to now while the run lives): ``running`` is the start and
 its polls, ``parked`` a park (a human, an approval, an outage, its branches), ``waiting`` the
 run's effects after the turn, ``retrying`` the backoff before the next attempt. A live step's
-next poll (``next_poll_at``) is drawn as a tick, so a long countdown stands out.
+next poll (``next_poll_at``) is drawn as a tick, so a long countdown stands out. A branching
+step's branch runs get a row each under it, one bar from the branch's start to its end.
 """
 
 from __future__ import annotations
@@ -76,9 +77,16 @@ def build(record: RunRecord, events: list[dict[str, Any]], now: datetime) -> Tim
         offset = min(max((when - start).total_seconds(), 0.0), span)
         return LABEL + (WIDTH - LABEL) * offset / span
 
-    steps = [step.step_id for step in record.steps]
-    rows = {step_id: row for row, step_id in enumerate(steps)}
-    entered: dict[str, list[tuple[str, datetime]]] = {step_id: [] for step_id in steps}
+    steps: list[str] = []
+    rows: dict[str, int] = {}
+    branch_rows: list[tuple[int, dict[str, Any]]] = []
+    for step in record.steps:
+        rows[step.step_id] = len(steps)
+        steps.append(step.step_id)
+        for branch in step.branches or []:
+            branch_rows.append((len(steps), branch))
+            steps.append(f"  [{branch['id']}]")
+    entered: dict[str, list[tuple[str, datetime]]] = {step.step_id: [] for step in record.steps}
     for event in events:
         if event["step_id"] in entered:
             entered[event["step_id"]].append((event["to"], event["at"]))
@@ -94,6 +102,15 @@ def build(record: RunRecord, events: list[dict[str, Any]], now: datetime) -> Tim
                 Phase(step.step_id, rows[step.step_id], status, since, until, x,
                       max(x_of(until) - x, 1.0))
             )  # fmt: skip
+    for row, branch in branch_rows:
+        if branch["started_at"] is None:
+            continue
+        since, until = branch["started_at"], branch["finished_at"] or end
+        x = x_of(since)
+        phases.append(
+            Phase(steps[row].strip(), row, branch["status"], since, until, x,
+                  max(x_of(until) - x, 1.0))
+        )  # fmt: skip
     countdowns = [
         (rows[step.step_id], x_of(step.next_poll_at), step.next_poll_at)
         for step in record.steps
