@@ -75,3 +75,23 @@ def test_a_branching_step_has_a_row_and_a_bar_per_branch_run(settings: Settings)
     assert [(p.row, p.status) for p in branches] == [(1, "completed"), (2, "completed")]
     for phase, branch in zip(branches, record.steps[0].branches or [], strict=True):
         assert (phase.start, phase.end) == (branch["started_at"], branch["finished_at"])
+
+
+def test_a_step_that_has_not_started_has_a_row_and_no_bar(settings: Settings) -> None:
+    """CI caught a run page answering 500 for a run whose second step had no journal row."""
+    world = World(settings)
+    flow = {
+        "name": "two",
+        "steps": [
+            step_spec("a", with_={"states": [["running", 1000]]}),
+            step_spec("b", with_={"states": [["completed"]]}),
+        ],
+    }
+    run_id = world.launch(flow)
+    world.pump(rounds=2)
+    record = world.record(run_id)
+    assert [step.status for step in record.steps] == ["running", "pending"]
+    drawn = timeline.build(record, world.orch.events(run_id, owner=OWNER), world.clock.now)
+    assert drawn.steps == ["a", "b"]
+    assert [(phase.step_id, phase.status) for phase in drawn.phases] == [("a", "running")]
+    assert [row for row, *_ in drawn.countdowns] == [0]  # a's next poll

@@ -93,7 +93,9 @@ def build(record: RunRecord, events: list[dict[str, Any]], now: datetime) -> Tim
     phases = []
     for step in record.steps:
         changes = entered[step.step_id]
-        for (status, since), following in zip(changes, [*changes[1:], None], strict=True):
+        # A step that has not started yet has no journal row, and no phase.
+        following_each = [*changes[1:], None][: len(changes)]
+        for (status, since), following in zip(changes, following_each, strict=True):
             if status in _ENDS or status == "pending":
                 continue
             until = following[1] if following else (step.finished_at or end)
