@@ -15,9 +15,8 @@ from fastapi import APIRouter, Query
 
 from orchestration.records import RunRecord
 from orchestration.service import MAX_PAGE
-from orchestration.surfaces.api import paging
 from orchestration.surfaces.api.auth import ApiOperator, Orch
-from orchestration.surfaces.api.runs import EventRecord, RunPage
+from orchestration.surfaces.api.runs import EventRecord, RunPage, page_of
 
 router = APIRouter(prefix="/operator", tags=["operator"])
 
@@ -35,15 +34,7 @@ def list_runs(
 ) -> RunPage:
     """Runs of every owner (each summary names its ``owner``), newest first, a page at a
     time; ``owner`` filters to one."""
-    runs, last = paging.page(
-        orch,
-        owner=owner,
-        status=status,
-        health=health,
-        limit=limit,
-        after=paging.start_key(cursor, before),
-    )
-    return RunPage(runs=runs, next_cursor=last.encode() if last else None)
+    return page_of(orch, owner, status, health, limit, cursor, before)
 
 
 @router.get("/runs/{run_id}", summary="Any owner's run")

@@ -18,7 +18,7 @@ from orchestration.claims import OnConflict
 from orchestration.errors import ValidationError
 from orchestration.execution import approving
 from orchestration.records import RunRecord
-from orchestration.service import MAX_PAGE
+from orchestration.service import MAX_PAGE, Orchestrator
 from orchestration.summaries import RunSummary
 from orchestration.surfaces.api import paging
 from orchestration.surfaces.api.auth import ApiOwner, Orch
@@ -142,6 +142,19 @@ def list_runs(
 ) -> RunPage:
     """The caller's runs, newest first, one page at a time, as summaries without payloads
     (workflow, args, result, step input and output): ``GET /runs/{id}`` has those."""
+    return page_of(orch, owner, status, health, limit, cursor, before)
+
+
+def page_of(
+    orch: Orchestrator,
+    owner: str | None,
+    status: str | None,
+    health: str | None,
+    limit: int,
+    cursor: str | None,
+    before: datetime | None,
+) -> RunPage:
+    """One page of ``owner``'s runs (every owner's for ``None``: ``/operator/runs``)."""
     runs, last = paging.page(
         orch,
         owner=owner,
