@@ -1,6 +1,6 @@
 """The fleet as the database sees it, for the operator's fleet page: the workers that ran
-steps in the last hour, the sweeper's passes, live runs by health, and runs started and
-ended per minute.
+steps in the last hour, the sweeper's passes, live runs by health, runs started and ended
+per minute, and poll lateness and sweep time per minute (``fleet_series``).
 
 Read from the rows (the truth that outlives any process): a worker is "seen" when it last
 stamped a step it executes, so one that died is shown with the age of its last stamp. What
@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
-from orchestration import summaries
+from orchestration import fleet_series, summaries
 from orchestration.models import Run, Step, SweeperBeat
 from orchestration.settings import Settings
 
@@ -52,6 +52,9 @@ class Fleet:
     #: Runs created and ended in each minute of the window, oldest first (60 each).
     started: list[int] = field(default_factory=list)
     ended: list[int] = field(default_factory=list)
+    #: Poll lateness and sweep pass times of each minute (``None``: nothing reported).
+    poll_lateness: list[fleet_series.Summary | None] = field(default_factory=list)
+    sweep_seconds: list[fleet_series.Summary | None] = field(default_factory=list)
 
 
 def _per_minute(times: Sequence[datetime | None], start: datetime, minutes: int) -> list[int]:
@@ -123,7 +126,12 @@ def snapshot(session: Session, settings: Settings, now: datetime) -> Fleet:
             select(Run.finished_at).where(summaries.terminal(), Run.finished_at >= start)
         )
     )
+    # The current minute is still being counted (a worker writes it once it is over): the
+    # series' window ends at the start of this minute.
+    series_start = fleet_series.minute_of(now) - WINDOW
     return Fleet(
         now, workers, sweepers, by_health, past,
         _per_minute(created, start, minutes), _per_minute(finished, start, minutes),
+        fleet_series.per_minute(session, fleet_series.Series.POLL_LATENESS, series_start, minutes),
+        fleet_series.per_minute(session, fleet_series.Series.SWEEP_SECONDS, series_start, minutes),
     )  # fmt: skip

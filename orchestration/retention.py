@@ -12,6 +12,13 @@ The artifacts the deleted steps referenced go too, once no step of their owner r
 them and no store has stamped them since the cutoff (a live run storing the same bytes
 again keeps them); a file in ``ORCH_ARTIFACT_DIR`` goes after the commit, when no owner's
 row names it and it was not written since the cutoff.
+
+Then the ``schedule_fires`` rows recorded before the cutoff go, by their own age (a fire row
+may outlive its run, which the listing shows as pruned, or go before a run that ended later),
+``batch`` rows per transaction, walking the primary key so no batch reads a kept row twice.
+Two rows are kept whatever their age: the latest fire of each (owner, name), which is the
+schedule's cursor (without it the next pass would plan from the registration and record a
+flood of ``skipped`` fires), and the fire of a run still live, which ``overlap`` reads.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,7 @@ from sqlalchemy.orm import Session, aliased
 from orchestration import artifacts
 from orchestration.followups import Done, Transact
 from orchestration.models import Artifact, Checkpoint, Effect, Run, RunEvent, Step
+from orchestration.schedule_models import ScheduleFire
 from orchestration.states import RUN_LIVE, RUN_TERMINAL
 
 #: Runs one batch deletes at most (with their branch runs).
@@ -49,6 +58,21 @@ def _prunable(cutoff: datetime) -> Any:
         Run.parent_run_id.is_(None),
         ~exists().where(other.parent_run_id == Run.id, other.status.in_(_LIVE)),
         ~exists().where(other.rerun_of == Run.id, other.status.in_(_LIVE)),
+    )
+
+
+def _old_fires(cutoff: datetime) -> Any:
+    """The condition on ``schedule_fires``: recorded before ``cutoff``, a later fire of the
+    same schedule exists (the latest is the cursor), and its run, if any, is not live."""
+    later = aliased(ScheduleFire)
+    return (
+        ScheduleFire.recorded_at < cutoff,
+        exists().where(
+            later.owner == ScheduleFire.owner,
+            later.name == ScheduleFire.name,
+            later.fire_at > ScheduleFire.fire_at,
+        ),
+        ~exists().where(Run.id == ScheduleFire.run_id, Run.status.in_(_LIVE)),
     )
 
 
@@ -96,6 +120,10 @@ def count(session: Session, cutoff: datetime) -> dict[str, int]:
                 ),
             )
         )
+        or 0
+    )
+    counted[ScheduleFire.__tablename__] = (
+        session.scalar(select(func.count()).select_from(ScheduleFire).where(*_old_fires(cutoff)))
         or 0
     )
     return counted
@@ -177,6 +205,38 @@ def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, An
     return deleted
 
 
+def delete_fires(
+    session: Session, *, cutoff: datetime, batch: int, after: int
+) -> Done[tuple[int, int]]:
+    """Delete at most ``batch`` prunable fire rows whose key is over ``after``, lowest first:
+    how many, and the highest key deleted (where the next batch starts)."""
+    pks = list(
+        session.scalars(
+            select(ScheduleFire.pk)
+            .where(ScheduleFire.pk > after, *_old_fires(cutoff))
+            .order_by(ScheduleFire.pk)
+            .limit(batch)
+        )
+    )
+    if pks:
+        session.execute(
+            delete(ScheduleFire)
+            .where(ScheduleFire.pk.in_(pks))
+            .execution_options(synchronize_session=False)
+        )
+    return Done((len(pks), pks[-1] if pks else after))
+
+
+def _prune_fires(transact: Transact, cutoff: datetime, batch: int) -> tuple[int, int]:
+    """Delete the prunable fire rows, a batch per transaction: how many, in how many batches."""
+    deleted = batches = after = 0
+    while True:
+        rows, after = transact(partial(delete_fires, cutoff=cutoff, batch=batch, after=after))
+        if not rows:
+            return deleted, batches
+        deleted, batches = deleted + rows, batches + 1
+
+
 def prune(
     transact: Transact,
     *,
@@ -186,8 +246,9 @@ def prune(
     artifact_dir: str | None = None,
 ) -> dict[str, Any]:
     """Delete every run that ended before ``cutoff`` in batches of ``batch`` runs, each batch
-    its own transaction (then the files in ``artifact_dir`` it left unnamed); with
-    ``dry_run``, count them and delete nothing."""
+    its own transaction (then the files in ``artifact_dir`` it left unnamed), then the fire
+    rows recorded before it but the kept ones, ``batch`` rows per transaction (``batches``
+    counts both); with ``dry_run``, count them and delete nothing."""
     started = time.perf_counter()
     report: dict[str, Any] = {"cutoff": cutoff.isoformat(), "dry_run": dry_run, "batches": 0}
     if dry_run:
@@ -202,6 +263,8 @@ def prune(
             _unlink(artifact_dir, deleted.pop("unnamed"), cutoff)
             for key, value in deleted.items():
                 totals[key] = totals.get(key, 0) + value
-        report.update({"runs": 0, **totals})
+        fires, fire_batches = _prune_fires(transact, cutoff, batch)
+        report["batches"] += fire_batches
+        report.update({"runs": 0, **totals, ScheduleFire.__tablename__: fires})
     report["seconds"] = round(time.perf_counter() - started, 4)
     return report

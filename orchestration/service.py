@@ -1,4 +1,4 @@
-"""The Python API for web apps: launch, get, list, cancel, answer, explain; owner-scoped.
+"""The Python API for web apps: launch, get, list, cancel, answer, explain, schedules; owner-scoped.
 
     from orchestration.service import Orchestrator
     orch = Orchestrator.from_env()
@@ -28,15 +28,17 @@ from orchestration import (
     definitions,
     launching,
     reruns,
+    run_reads,
+    schedules,
     summaries,
 )
 from orchestration.db import check_ready, utcnow
 from orchestration.errors import LimitExceeded, RunNotFound, ValidationError
-from orchestration.execution import approving, branching
+from orchestration.execution import approving
 from orchestration.followups import Done
-from orchestration.models import Run, RunEvent, Step
+from orchestration.models import Run, Step
 from orchestration.observability import context, tracing
-from orchestration.records import RunRecord, to_record
+from orchestration.records import RunRecord
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.executor import Executor, TaskQueue
 from orchestration.settings import Settings, get_settings
@@ -78,9 +80,7 @@ class Orchestrator:
     # -- reads -----------------------------------------------------------------------------
     def get(self, run_id: str, *, owner: str) -> RunRecord:
         """The run record. Raises :class:`RunNotFound` (also for another owner's run)."""
-        return self.transact(
-            lambda session: Done(self._record(session, self._owned(session, run_id, owner)))
-        )
+        return self.transact(lambda session: Done(self._read(session, run_id, owner)))
 
     def list(
         self,
@@ -134,7 +134,7 @@ class Orchestrator:
 
     def events(self, run_id: str, *, owner: str) -> builtins.list[dict[str, Any]]:
         """The run's journal, oldest first."""
-        return self.transact(lambda session: Done(self._journal(session, run_id, owner)))
+        return self.transact(lambda session: Done(run_reads.journal(session, run_id, owner)))
 
     def output(self, run_id: str, step_id: str, *, owner: str) -> artifacts.Output:
         """A step's output, inline or as its verified artifact (see :meth:`artifact_bytes`).
@@ -142,7 +142,7 @@ class Orchestrator:
         :class:`~orchestration.errors.ArtifactCorrupt` when the stored bytes changed."""
 
         def read(session: Session) -> Done[artifacts.Output]:
-            run = self._owned(session, run_id, owner)
+            run = run_reads.owned(session, run_id, owner)
             step = session.scalars(
                 select(Step).where(Step.run_id == run.id, Step.step_id == step_id)
             ).first()
@@ -169,6 +169,12 @@ class Orchestrator:
         """The definition ``ref`` (``name`` or ``name@version``) names for ``owner``."""
         return self.transact(lambda session: Done(definitions.resolve(session, owner, ref)))
 
+    def schedules(self, *, owner: str) -> builtins.list[dict[str, Any]]:
+        """The owner's schedules by name: the next fire times, the pause, and the latest fires
+        with the runs they made (datetimes as ISO text; see :func:`schedules.listing`)."""
+        now = self.clock()
+        return self.transact(lambda session: Done(schedules.listing(session, owner, now)))
+
     # -- writes ----------------------------------------------------------------------------
     def register_workflow(
         self, data: Any, *, owner: str, shared: bool = False
@@ -181,6 +187,18 @@ class Orchestrator:
                 definitions.register(session, self.settings, owner, data, now, shared=shared)
             )
         )
+
+    def pause_schedule(self, name: str, *, owner: str) -> bool:
+        """Pause the owner's schedule ``name`` (its fires are neither recorded nor launched);
+        whether it was running. Raises :class:`ValidationError` (field ``name``) when the
+        owner has no such schedule, another owner's included."""
+        now = self.clock()
+        return self.transact(lambda session: Done(schedules.pause(session, owner, name, now)))
+
+    def resume_schedule(self, name: str, *, owner: str) -> bool:
+        """Resume it; whether it was paused. The fires missed meanwhile follow the catch-up
+        rules at the next pass. Raises :class:`ValidationError` as :meth:`pause_schedule`."""
+        return self.transact(lambda session: Done(schedules.resume(session, owner, name)))
 
     def launch(
         self,
@@ -216,7 +234,7 @@ class Orchestrator:
             concurrency_key=concurrency_key,
             on_conflict=policy,
             now=now,
-            read=lambda session, run_id: self._record(session, self._owned(session, run_id, owner)),
+            read=lambda session, run_id: self._read(session, run_id, owner),
         )
         return _traced_launch(record, started, now, owner=owner)
 
@@ -246,7 +264,7 @@ class Orchestrator:
             concurrency_key=source.concurrency_key,
             on_conflict=claims.OnConflict(source.on_conflict or "reject"),
             now=now,
-            read=lambda session, new_id: self._record(session, self._owned(session, new_id, owner)),
+            read=lambda session, new_id: self._read(session, new_id, owner),
             reuse=reuse,
             version=source.workflow_version,
         )
@@ -271,7 +289,7 @@ class Orchestrator:
         had already ended). With ``graceful``, only the request is recorded: the step honours
         it at its next execution, and the sweeper enforces it after ``ORCH_CANCEL_GRACE``.
         ``by`` names who asked in the journal (default: the owner)."""
-        self.transact(lambda session: Done(self._owned(session, run_id, owner)))
+        self.transact(lambda session: Done(run_reads.owned(session, run_id, owner)))
         with context.acting(run_id, "run.cancel", owner=owner, graceful=graceful):
             requested = cancellation.request(
                 self.transact, self.settings, run_id, now=self.clock(), by=by or f"owner {owner}"
@@ -306,7 +324,7 @@ class Orchestrator:
         now = self.clock()
         self.transact(
             lambda session: answers.resume(
-                session, self.settings, self._owned(session, run_id, owner), step_id, value, now
+                session, self.settings, run_reads.owned(session, run_id, owner), step_id, value, now
             )
         )
         return self.get(run_id, owner=owner)
@@ -329,7 +347,7 @@ class Orchestrator:
         now = self.clock()
 
         def decide(session: Session) -> Done[None]:
-            self._owned(session, run_id, owner)
+            run_reads.owned(session, run_id, owner)
             then = approving.decide(
                 session, self.settings, run_id, step_id,
                 approve=approve, comment=comment, by=owner, now=now,
@@ -340,49 +358,10 @@ class Orchestrator:
         return self.get(run_id, owner=owner)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _journal(self, session: Session, run_id: str, owner: str) -> builtins.list[dict[str, Any]]:
-        self._owned(session, run_id, owner)
-        rows = session.scalars(
-            select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
-        ).all()
-        return [
-            {
-                "step_id": row.step_id,
-                "from": row.from_status,
-                "to": row.to_status,
-                "cause": row.cause,
-                "stop_reason": row.stop_reason,
-                "at": row.at,
-            }
-            for row in rows
-        ]
-
-    @staticmethod
-    def _owned(session: Session, run_id: str, owner: str) -> Run:
-        if not isinstance(run_id, str) or len(run_id) > 64:
-            raise RunNotFound(str(run_id)[:64])
-        run = session.get(Run, run_id)
-        if run is None or run.owner != owner:
-            raise RunNotFound(run_id)
-        return run
-
-    def _record(self, session: Session, run: Run) -> RunRecord:
-        steps = list(
-            session.scalars(select(Step).where(Step.run_id == run.id).order_by(Step.index)).all()
-        )
-        reruns = list(
-            session.scalars(
-                select(Run.id).where(Run.rerun_of == run.id).order_by(Run.created_at, Run.id)
-            )
-        )
-        return to_record(
-            self.settings,
-            run,
-            steps,
-            self.clock(),
-            branches=branching.listed(session, run.id),
-            reruns=reruns,
-        )
+    def _read(self, session: Session, run_id: str, owner: str) -> RunRecord:
+        """The record of the owner's run now. Raises :class:`RunNotFound`."""
+        run = run_reads.owned(session, run_id, owner)
+        return run_reads.record(session, self.settings, run, self.clock())
 
 
 def _traced_launch(record: RunRecord, started: int, now: datetime, **attributes: Any) -> RunRecord:

@@ -17,7 +17,8 @@ Rules, per live run, first owner decides (the table is ``sweep_rules.RULES``, wh
 7. run deadline: a backstop; past ``deadline_at`` with nothing having ended it, closed
    ``deadline_exceeded``;
 
-then it stamps its own liveness row. Before the rules, a live branch run whose parent has
+then it stamps its own liveness row and adds the pass's time to ``fleet_series`` (dropping
+what is older than the fleet page shows). Before the rules, a live branch run whose parent has
 ended (its parent's hand-off was lost) is ended ``cancelled`` (``parent_ended``).
 """
 
@@ -33,7 +34,15 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from orchestration import cancellation, chains, claims, closing, deadlines, sweep_rules
+from orchestration import (
+    cancellation,
+    chains,
+    claims,
+    closing,
+    deadlines,
+    fleet_series,
+    sweep_rules,
+)
 from orchestration.db import utcnow
 from orchestration.errors import IllegalTransition
 from orchestration.execution import approving, branching
@@ -349,6 +358,11 @@ def _write_beat(session: Session, now: datetime, report: dict[str, Any]) -> Done
         beat.passes += 1
         beat.last_pass_seconds = report["seconds"]
         beat.last_report = report
+    fleet_series.record(
+        session, fleet_series.Series.SWEEP_SECONDS, SWEEPER_NAME, now,
+        fleet_series.Summary.of([report["seconds"]]),
+    )  # fmt: skip
+    fleet_series.forget(session, now)
     return Done(None)
 
 

@@ -13,10 +13,13 @@ from functools import lru_cache
 
 from celery import Task
 from celery.exceptions import Ignore
+from celery.signals import worker_process_shutdown, worker_shutdown
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
+from orchestration.db import utcnow
 from orchestration.execution import Halt, Poll, Stepper
 from orchestration.runtime.celery_config import STEP_TASK
+from orchestration.runtime.poll_lateness import MinuteRecorder, lateness
 from tasks.celery_app import app, executor, settings
 from tasks.limits import call_limits
 
@@ -39,6 +42,19 @@ def _stepper(pid: int) -> Stepper:
     return Stepper(settings, executor, worker=socket.gethostname(), pid=pid)
 
 
+@lru_cache(maxsize=1)
+def _lateness(pid: int) -> MinuteRecorder:
+    return MinuteRecorder(executor, f"{socket.gethostname()}:{pid}")
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _flush_lateness(**_: object) -> None:
+    """The last minute's polls of this process, before it exits."""
+    if _lateness.cache_info().currsize:
+        _lateness(os.getpid()).flush()
+
+
 # max_retries=None: the bound on polling is the step's timeout, checked against the database
 # at every execution, not a retry count that a redelivery could reset.
 @app.task(
@@ -52,6 +68,10 @@ def _stepper(pid: int) -> Stepper:
 def advance_step(self: Task, run_id: str, index: int, tick: int = 0, db_errors: int = 0) -> None:
     """Start, poll or finish step ``index`` of ``run_id``; ``tick`` fences duplicates."""
     stepper = _stepper(os.getpid())
+    now = utcnow()
+    late = lateness(self.request.eta, now)
+    if late is not None:
+        _lateness(os.getpid()).observe(late, now)
     chained = bool(self.request.chain)
     try:
         outcome = stepper.advance(run_id, int(index), int(tick), chained=chained)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-import orchestration.surfaces.api.tokens  # noqa: F401  (its table is part of the schema)
+# Modules whose tables are part of the schema besides ``models`` (for autogenerate).
+import orchestration.fleet_series
+import orchestration.schedule_models
+import orchestration.surfaces.api.tokens  # noqa: F401
 from orchestration.models import Base
 
 config = context.config

@@ -6,15 +6,17 @@ the beat fires it (``orchestration.schedules``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from orchestration.errors import OrchestrationError
-from orchestration.followups import Done
 from orchestration.surfaces.cli_common import AsJson, Owner, dump, failed
+
+if TYPE_CHECKING:
+    from orchestration.service import Orchestrator
 
 schedules_app = typer.Typer(
     help="Workflow schedules: next fires, last fires, pause and resume.", no_args_is_help=True
@@ -24,23 +26,19 @@ _out = Console()
 Name = Annotated[str, typer.Argument(help="The registered workflow's name.")]
 
 
-def _transact_and_owner(owner: str | None) -> tuple[Any, Any, str]:
+def _orchestrator_and_owner(owner: str | None) -> tuple[Orchestrator, str]:
     from orchestration.service import Orchestrator
     from orchestration.settings import get_settings
 
-    orch = Orchestrator.from_env()
-    return orch.transact, orch.clock, owner or get_settings().owner
+    return Orchestrator.from_env(), owner or get_settings().owner
 
 
 @schedules_app.command("list")
 def list_schedules(owner: Owner = None, as_json: AsJson = False) -> None:
     """The owner's schedules: next fire times, paused or not, the last fires and their runs."""
-    from orchestration import schedules
-
     try:
-        transact, clock, who = _transact_and_owner(owner)
-        now = clock()
-        found = transact(lambda session: Done(schedules.listing(session, who, now)))
+        orch, who = _orchestrator_and_owner(owner)
+        found = orch.schedules(owner=who)
     except OrchestrationError as exc:
         raise failed(exc, as_json) from None
     if as_json:
@@ -62,18 +60,10 @@ def list_schedules(owner: Owner = None, as_json: AsJson = False) -> None:
 
 
 def _switch(name: str, owner: str | None, *, paused: bool) -> None:
-    from orchestration import schedules
-
     try:
-        transact, clock, who = _transact_and_owner(owner)
-        now = clock()
-        changed = transact(
-            lambda session: Done(
-                schedules.pause(session, who, name, now)
-                if paused
-                else schedules.resume(session, who, name)
-            )
-        )
+        orch, who = _orchestrator_and_owner(owner)
+        switch = orch.pause_schedule if paused else orch.resume_schedule
+        changed = switch(name, owner=who)
     except OrchestrationError as exc:
         raise failed(exc, False) from None
     state = "paused" if paused else "resumed"
@@ -99,8 +89,8 @@ def fire() -> None:
     from orchestration import schedules
 
     try:
-        transact, clock, _ = _transact_and_owner(None)
-        report = schedules.fire(transact, transact.settings, clock())
+        orch, _ = _orchestrator_and_owner(None)
+        report = schedules.fire(orch.transact, orch.settings, orch.clock())
     except OrchestrationError as exc:
         raise failed(exc, True) from None
     dump(report)

@@ -412,6 +412,8 @@ def test_an_operator_sees_every_owners_runs_and_cancels_one_journalled_by_name(
     assert "live " in swept and " ms" in swept, swept  # the runs it looked at, and its time
     for plot in ("started", "ended"):
         assert browser.evaluate(f"document.querySelectorAll('#plot-{plot} rect.bar').length") == 60
+    for plot in ("poll-lateness", "sweep-time"):  # bars only for minutes that are over
+        assert browser.evaluate(f"document.getElementById('plot-{plot}').tagName") == "svg"
     browser.screenshot("dashboard-fleet.png")
     # An owner's token still sees only its own runs, and not the other owner's run page.
     _sign_in(browser, api, make_token(stack, owner, "browser"))
@@ -494,9 +496,10 @@ AXE = os.environ.get("ORCH_TEST_AXE")
 
 
 def _audit(browser: Browser, name: str) -> list[dict[str, Any]]:
-    """Run axe-core on the page; keep its full result in ``test-artifacts/axe-NAME.json`` and
-    return the serious and critical violations."""
+    """Run axe-core on the page; keep its full result in ``test-artifacts/axe-NAME.json``
+    and a screenshot in ``page-NAME.png``, and return the serious and critical violations."""
     assert AXE is not None
+    browser.screenshot(f"page-{name}.png")
     browser.call("Runtime.evaluate", expression=Path(AXE).read_text())
     reply = browser.call(
         "Runtime.evaluate",
@@ -521,6 +524,7 @@ def test_every_page_has_no_serious_or_critical_axe_core_violation(
 ) -> None:  # fmt: skip
     flow = scripted([["running", 30.0]], name="audited")
     flow["args_schema"] = {"type": "object", "properties": {"topic": {"type": "string"}}}
+    flow["schedule"] = {"cron": "0 0 1 1 *", "args": {"topic": "the year"}}  # shown, not fired
     orch.register_workflow(flow, owner=owner)
     run = orch.launch("audited", {"topic": "otters"}, owner=owner)
     wait_for(lambda: orch.get(run.id, owner=owner).status == "running", 20)
@@ -537,6 +541,8 @@ def test_every_page_has_no_serious_or_critical_axe_core_violation(
     ):
         browser.open(f"{api.url}{path}")
         found[name] = _audit(browser, name)
+        if name == "schedules":
+            assert "audited@1" in browser.evaluate("document.body.innerText")
     with session_scope(stack.settings.database_url) as session:
         operator = tokens.create(session, None, "axe", now=utcnow(), operator=True)
     _sign_in(browser, api, operator)

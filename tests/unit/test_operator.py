@@ -85,8 +85,9 @@ def test_an_operator_token_acts_as_no_owner_on_any_owner_route(
 ) -> None:
     orch.launch(workflow(step_spec("a")), owner="acme")
     client = _client(orch, _token(settings, None, "alice", operator=True))
-    calls = _calls(orch, "/runs") + _calls(orch, "/workflows")
-    assert len(calls) >= 12
+    calls = _calls(orch, "/runs") + _calls(orch, "/workflows") + _calls(orch, "/schedules")
+    assert len(calls) >= 15
+    assert ("POST", "/schedules/x/pause") in calls
     for method, path in calls:
         assert client.request(method, path).status_code == 403, (method, path)
 

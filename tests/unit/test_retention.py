@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,10 +18,12 @@ from orchestration.db import session_scope, utcnow
 from orchestration.errors import ValidationError
 from orchestration.models import Checkpoint, Run, RunEvent, Step
 from orchestration.runtime.executor import Executor
+from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.surfaces.maintenance import age
-from tests.unit.support import insert_run
+from tests.unit.support import RecordingDispatcher, insert_run
 from tests.unit.test_branches import World, _research
+from tests.unit.test_schedules import OWNER, T0, _fires, _pass, _register, _runs, _workflow
 
 
 @pytest.fixture
@@ -93,6 +95,48 @@ def test_a_run_with_a_live_rerun_is_kept(world: World, settings: Settings) -> No
     world.pump()
     assert world.record(rerun.id).status == "failed"
     assert retention.prune(executor, cutoff=cutoff + timedelta(days=1))["runs"] == 2
+
+
+def test_prune_deletes_old_fires_but_each_schedules_latest_and_those_of_live_runs(
+    settings: Settings,
+) -> None:
+    clock = [T0]
+    orch = Orchestrator(settings, RecordingDispatcher(), clock=lambda: clock[0])
+
+    def at(seconds: int) -> datetime:
+        clock[0] = T0 + timedelta(seconds=seconds)
+        return clock[0]
+
+    _register(orch, _workflow(overlap="skip"))
+    _register(orch, {**_workflow(overlap="skip"), "name": "weekly"}, at(5))
+    _pass(orch, at(10))  # nightly and weekly: launched
+    (first, weekly) = _runs(orch)
+    orch.cancel(first.id, owner=OWNER)
+    _pass(orch, at(20))  # nightly: launched; weekly: skipped, its run is live
+    orch.cancel(weekly.id, owner=OWNER)
+    _pass(orch, at(30))  # nightly: skipped (live run); weekly: launched
+    _pass(orch, at(40))  # both skipped
+    assert len(_fires(orch)) == 8
+    executor = Executor(settings, None)
+    cutoff = at(45)
+    counted = retention.prune(executor, cutoff=cutoff, dry_run=True)
+    report = retention.prune(executor, cutoff=cutoff, batch=1)
+    # Gone: nightly's 10 (its run ended) and 30 (skipped), weekly's 10 (its run ended) and 20.
+    # Kept: nightly's 20 and weekly's 30 (their runs are live), and both 40s (the cursors).
+    assert report["schedule_fires"] == counted["schedule_fires"] == 4
+    assert report["batches"] == 2 + 4  # the two cancelled runs, then a fire row each
+    assert retention.prune(executor, cutoff=cutoff)["schedule_fires"] == 0
+    assert [seconds for seconds, _, _ in _fires(orch)] == [20, 30, 40, 40]
+    for run in _runs(orch):
+        orch.cancel(run.id, owner=OWNER)
+    assert retention.prune(executor, cutoff=cutoff)["schedule_fires"] == 2
+    assert [(seconds, status) for seconds, status, _ in _fires(orch)] == [
+        (40, "skipped"), (40, "skipped"),
+    ]  # fmt: skip
+    # The cursors survived: the next pass plans only the fires after them.
+    report = _pass(orch, at(50))
+    assert (report["launched"], report["skipped"]) == (2, 0)
+    assert [seconds for seconds, _, _ in _fires(orch)] == [40, 40, 50, 50]
 
 
 def test_an_age_is_a_number_and_a_unit() -> None:

@@ -1,5 +1,6 @@
-"""The FastAPI app: ``/runs`` (JSON, bearer tokens), ``/dashboard`` (HTML, cookie),
-``/healthz`` and ``/metrics`` (unauthenticated; they hold counts, never run contents).
+"""The FastAPI app: ``/runs``, ``/workflows``, ``/schedules`` and ``/operator`` (JSON, bearer
+tokens), ``/dashboard`` (HTML, cookie), ``/healthz`` and ``/metrics`` (unauthenticated; they
+hold counts, never run contents).
 
 ``create_app(orchestrator)`` takes the :class:`Orchestrator` so tests and embedding apps pass
 their own; ``orchestration api`` builds one from ``ORCH_*`` (see ``docs/api.md``).
@@ -25,6 +26,7 @@ from orchestration.surfaces.api import (
     metrics,
     operator,
     runs,
+    schedules,
     schedules_page,
     tokens,
     workflows,
@@ -80,6 +82,7 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     app.add_middleware(BodyLimit, limit=max_body or max_body_bytes())
     app.include_router(runs.router)
     app.include_router(workflows.router)
+    app.include_router(schedules.router)
     app.include_router(operator.router)
     app.include_router(dashboard.router)
     app.include_router(fleet_page.router)

@@ -7,8 +7,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from orchestration import schedules
-from orchestration.followups import Done
 from orchestration.surfaces.api.dashboard import render, signed_in_as, to_login
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -25,8 +23,6 @@ async def schedules_page(request: Request) -> Response:
             "error.html", 403, **signed.page(), title="Refused",
             message="schedules belong to their owner; sign in with the owner's token",
         )  # fmt: skip
-    orch, now = signed.orch, signed.orch.clock()
-    shown = await run_in_threadpool(
-        orch.transact, lambda session: Done(schedules.listing(session, signed.owner, now))
-    )
+    now = signed.orch.clock()
+    shown = await run_in_threadpool(lambda: signed.orch.schedules(owner=signed.owner))
     return render("schedules.html", **signed.page(), schedules=shown, now=now)

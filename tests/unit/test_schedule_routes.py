@@ -1,0 +1,114 @@
+"""Schedules on the Python API, over HTTP and in the CLI: the listing, pause and resume by
+name, each owner's own only (another owner's schedule is refused like a missing one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestration.db import session_scope
+from orchestration.errors import ValidationError
+from orchestration.service import Orchestrator
+from orchestration.settings import Settings
+from orchestration.surfaces.api import tokens
+from orchestration.surfaces.api.app import create_app
+from tests.unit.support import RecordingDispatcher
+from tests.unit.test_schedules import OWNER, T0, _pass, _register, _workflow
+
+NOW = T0 + timedelta(seconds=12)
+
+
+@pytest.fixture
+def orch(settings: Settings) -> Orchestrator:
+    """An orchestrator whose clock stands 12 s after the schedule's registration."""
+    return Orchestrator(settings, RecordingDispatcher(), clock=lambda: NOW)
+
+
+def _client(orch: Orchestrator, owner: str) -> TestClient:
+    with session_scope(orch.settings.database_url) as session:
+        token = tokens.create(session, owner, "t", now=T0)
+    return TestClient(create_app(orch), headers={"Authorization": f"Bearer {token}"})
+
+
+def test_the_python_api_lists_pauses_and_resumes_the_owners_schedules(
+    orch: Orchestrator,
+) -> None:
+    _register(orch, _workflow(overlap="enqueue"))
+    _pass(orch, T0 + timedelta(seconds=10))
+    (shown,) = orch.schedules(owner=OWNER)
+    assert (shown["ref"], shown["paused"], shown["paused_at"]) == ("nightly@1", False, None)
+    assert shown["next_fires"][0] == (T0 + timedelta(seconds=20)).isoformat()
+    assert [fire["status"] for fire in shown["last_fires"]] == ["launched"]
+    assert orch.pause_schedule("nightly", owner=OWNER) is True
+    assert orch.pause_schedule("nightly", owner=OWNER) is False
+    (paused,) = orch.schedules(owner=OWNER)
+    assert (paused["paused"], paused["paused_at"]) == (True, NOW.isoformat())
+    assert orch.resume_schedule("nightly", owner=OWNER) is True
+    assert orch.resume_schedule("nightly", owner=OWNER) is False
+    assert orch.schedules(owner="owner-2") == []
+    for call in (orch.pause_schedule, orch.resume_schedule):
+        with pytest.raises(ValidationError) as refused:
+            call("nightly", owner="owner-2")
+        assert refused.value.field == "name"
+
+
+def test_the_http_api_lists_pauses_and_resumes_them(orch: Orchestrator) -> None:
+    _register(orch, _workflow(overlap="enqueue"))
+    _pass(orch, T0 + timedelta(seconds=10))
+    client = _client(orch, OWNER)
+    listed = client.get("/schedules")
+    assert (listed.status_code, listed.json()) == (200, orch.schedules(owner=OWNER))
+    (shown,) = listed.json()
+    assert shown["last_fires"][0]["fire_at"] == (T0 + timedelta(seconds=10)).isoformat()
+    for path, state in [
+        ("pause", {"paused": True, "changed": True}),
+        ("pause", {"paused": True, "changed": False}),
+        ("resume", {"paused": False, "changed": True}),
+        ("resume", {"paused": False, "changed": False}),
+    ]:
+        reply = client.post(f"/schedules/nightly/{path}")
+        assert (reply.status_code, reply.json()) == (200, {"name": "nightly", **state}), path
+    unknown = client.post("/schedules/weekly/pause")
+    assert unknown.status_code == 400
+    assert (unknown.json()["error"]["code"], unknown.json()["error"]["field"]) == (
+        "validation_error", "name",
+    )  # fmt: skip
+
+
+def test_another_owner_sees_none_of_them_and_cannot_pause_one(orch: Orchestrator) -> None:
+    _register(orch, _workflow(overlap="enqueue"))
+    theirs = _client(orch, "owner-2")
+    assert theirs.get("/schedules").json() == []
+    for path in ("pause", "resume"):
+        refused = theirs.post(f"/schedules/nightly/{path}")
+        assert (refused.status_code, refused.json()["error"]["field"]) == (400, "name")
+    assert "owner-1" not in refused.json()["error"]["message"]  # nothing leaks of its owner
+    assert orch.schedules(owner=OWNER)[0]["paused"] is False
+
+
+def test_the_cli_lists_pauses_and_resumes_through_the_same_calls(settings: Settings) -> None:
+    _register(Orchestrator(settings, None), _workflow())
+    env = {
+        "ORCH_DATABASE_URL": settings.database_url,
+        "ORCH_SCRIPTED_URL": settings.scripted_url or "",
+        "ORCH_OWNER": OWNER,
+        "PATH": "/usr/bin:/bin",
+    }
+    cli = str(Path(sys.executable).with_name("orchestration"))
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([cli, "schedules", *argv], env=env, capture_output=True, text=True)
+
+    assert "paused nightly" in run("pause", "nightly").stdout
+    assert "nightly was already paused" in run("pause", "nightly").stdout
+    (shown,) = json.loads(run("list", "--json").stdout)
+    assert (shown["ref"], shown["paused"]) == ("nightly@1", True)
+    assert "resumed nightly" in run("resume", "nightly").stdout
+    refused = run("pause", "weekly")
+    assert refused.returncode == 2 and "no registered workflow 'weekly'" in refused.stderr
