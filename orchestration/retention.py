@@ -11,7 +11,8 @@ runs, or a rerun of it, is live. Between batches the sweeper, the steps and ``/m
 The artifacts the deleted steps referenced go too, once no step of their owner references
 them and no store has stamped them since the cutoff (a live run storing the same bytes
 again keeps them); a file in ``ORCH_ARTIFACT_DIR`` goes after the commit, when no owner's
-row names it and it was not written since the cutoff.
+row names it and it was not written since the cutoff. The deleted runs are added to
+``run_totals`` in the same transaction, so ``/metrics`` counters never go down.
 
 Then the ``schedule_fires`` rows recorded before the cutoff go, by their own age (a fire row
 may outlive its run, which the listing shows as pruned, or go before a run that ended later),
@@ -33,7 +34,7 @@ from typing import Any
 from sqlalchemy import delete, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
-from orchestration import artifacts
+from orchestration import artifacts, run_totals
 from orchestration.followups import Done, Transact
 from orchestration.models import Artifact, Checkpoint, Effect, Run, RunEvent, Step
 from orchestration.schedule_models import ScheduleFire
@@ -198,9 +199,13 @@ def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, An
         deleted[model.__tablename__] = int(done.rowcount or 0)  # type: ignore[attr-defined]
     for chunk in (branch_ids, ids):  # a branch run's row points at its parent's
         if chunk:
-            session.execute(
-                delete(Run).where(Run.id.in_(chunk)).execution_options(synchronize_session=False)
-            )
+            gone = session.execute(
+                delete(Run)
+                .where(Run.id.in_(chunk))
+                .returning(Run.status, Run.stop_reason, Run.finished_at, Run.cancel_requested_at)
+                .execution_options(synchronize_session=False)
+            ).all()
+            run_totals.keep(session, gone)
     deleted["artifacts"], deleted["unnamed"] = _delete_unreferenced(session, cutoff, candidates)
     return deleted
 

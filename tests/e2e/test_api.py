@@ -280,6 +280,15 @@ def test_metrics_parse_and_nothing_is_past_its_deadline(
         run = _ok(client.post("/runs", json={"workflow": scripted(LONG)}), 201)
         _until(client, run["id"], lambda r: r["status"] == "running", "running")
         _ok(client.post(f"/runs/{run['id']}/cancel"))
+        # The beat may be younger than this test (test order is random): its first pass.
+        wait_for(
+            lambda: (
+                "orchestration_sweeper_last_pass_age_seconds +Inf"
+                not in client.get("/metrics").text
+            ),
+            30,
+            what="the sweeper's first pass",
+        )
         text = client.get("/metrics").text
     families = {family.name: family for family in text_string_to_metric_families(text)}
     samples = {

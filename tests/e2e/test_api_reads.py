@@ -19,9 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
+from orchestration import retention
 from orchestration.db import get_engine, session_scope, upgrade
 from orchestration.health import derive
 from orchestration.models import Run, RunEvent
+from orchestration.runtime.executor import Executor
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.settings import Settings
 from orchestration.states import Health, ParkReason, RunStatus
@@ -31,6 +33,7 @@ from tests.conftest import wait_for
 from tests.e2e.conftest import ApiServer, make_token, scripted
 from tests.integration import conftest as integration
 from tests.integration.conftest import Stack
+from tests.unit.support import insert_run
 
 pytestmark = pytest.mark.e2e
 
@@ -311,3 +314,60 @@ def test_health_in_sql_agrees_with_derive_at_every_boundary(scratch: Settings) -
             assert {s.id for s in chosen} == {k for k, v in expected.items() if v == health}
     # The grid reaches every health.
     assert set(expected.values()) == {h.value for h in Health}
+
+
+def _counters(collector: RunMetrics) -> dict[str, dict[tuple[Any, ...], float]]:
+    """The run counters of one scrape: terminal transitions and the cancel histogram (its
+    sum to the millisecond: SQLite's ``julianday`` differences are that precise)."""
+    families = {family.name: family for family in collector.collect()}
+    return {
+        name: {
+            (sample.name, *sorted(sample.labels.items())): round(sample.value, 3)
+            for sample in families[name].samples
+        }
+        for name in (
+            "orchestration_run_terminal_transitions",
+            "orchestration_cancel_to_terminal_seconds",
+        )
+    }
+
+
+def test_metrics_counters_never_go_down_when_runs_are_pruned(scratch: Settings) -> None:
+    now = datetime.now(UTC)
+    for status, reason, ago, latency in (
+        ("completed", "completed", timedelta(hours=3), None),
+        ("cancelled", "cancel_requested", timedelta(hours=3), 0.3),
+        ("cancelled", "cancel_requested", timedelta(minutes=5), 2.0),
+        ("failed", "step_failed", timedelta(minutes=10), None),
+    ):
+        finished = now - ago
+        insert_run(
+            scratch, status, now=finished - timedelta(seconds=5), finished_at=finished,
+            stop_reason=reason,
+            cancel_requested_at=None if latency is None else finished - timedelta(seconds=latency),
+        )  # fmt: skip
+    insert_run(scratch, "running", now=now)
+    early = RunMetrics(scratch, lambda: now)
+    before = _counters(early)
+    transitions = before["orchestration_run_terminal_transitions"]
+    assert sum(transitions.values()) == 4
+    report = retention.prune(Executor(scratch, None), cutoff=now)
+    assert report["runs"] == 4
+    again = retention.prune(Executor(scratch, None), cutoff=now)  # nothing left: adds nothing
+    assert again["runs"] == 0
+    # The collector that read them as rows, and a fresh process's, read the same counters.
+    assert _counters(early) == before
+    assert _counters(RunMetrics(scratch, lambda: now)) == before
+    # A later scrape that settles the pruned hours still counts each run once.
+    later = now + 3 * SETTLE
+    assert _counters(RunMetrics(scratch, lambda: later)) == before
+    insert_run(
+        scratch, "completed", now=now, finished_at=now + timedelta(seconds=1),
+        stop_reason="completed",
+    )  # fmt: skip
+    after = _counters(early)["orchestration_run_terminal_transitions"]
+    assert after[("orchestration_run_terminal_transitions_total", ("status", "completed"),
+                  ("stop_reason", "completed"))] == 2  # fmt: skip
+    latency = before["orchestration_cancel_to_terminal_seconds"]
+    assert latency[("orchestration_cancel_to_terminal_seconds_count",)] == 2
+    assert round(latency[("orchestration_cancel_to_terminal_seconds_sum",)], 3) == 2.3

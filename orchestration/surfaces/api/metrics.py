@@ -9,10 +9,13 @@ index:
 * terminal runs by status and stop reason, from ``ix_runs_finished``. A terminal status is
   final and is written with its stop reason by the one transition that enters it, so this
   *is* the count of terminal transitions in ``run_events``, without reading the journal.
-  Runs that finished more than :data:`SETTLE` ago can no longer change, so their totals are
-  read once per process and kept; a scrape reads only the runs finished since;
+  Runs that finished before the hour that began :data:`SETTLE` ago can no longer change, so
+  their totals are read once per process and kept; a scrape reads only the runs finished
+  since. The runs a prune deleted are in ``run_totals.PrunedRuns``, keyed by the hour they
+  finished in, and each statement adds them with a ``UNION ALL`` (one statement: one
+  snapshot, so a prune committing between two reads cannot count a run twice or not at all);
 * the cancel-to-terminal histogram over cancelled runs (``ix_runs_cancel_latency``), kept
-  the same way;
+  and completed the same way;
 * live runs by status, health (:func:`~orchestration.summaries.health_expression`, in SQL)
   and past ``deadline_at``: one ``GROUP BY`` over the live rows only (``ix_runs_live``);
 
@@ -25,7 +28,7 @@ import logging
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import accumulate
@@ -40,21 +43,18 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import ColumnElement, case, func, literal, select, true, union_all
 from sqlalchemy.engine import make_url
 
 from orchestration import summaries
 from orchestration.db import session_scope, utcnow
 from orchestration.models import Run
+from orchestration.run_totals import CANCEL_BUCKETS, NO_LATENCY, PrunedRuns, hour_of
 from orchestration.runtime.liveness import sweeper_age
 from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, RUN_TERMINAL, STOP_REASONS, Health, RunStatus
 
 LOG = logging.getLogger(__name__)
-
-#: Buckets of the cancel-to-terminal histogram (seconds): a hard cancel lands in well under a
-#: second; a graceful one may take up to ``ORCH_CANCEL_GRACE`` plus a sweep.
-CANCEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 #: Terminal runs are final: once a run has been terminal this long, its status, stop reason
 #: and cancel latency can no longer change or still be uncommitted, so its share of the
@@ -134,30 +134,49 @@ class RunMetrics(Collector):
 
     def _from_database(self, now: datetime) -> Iterator[Metric]:
         before = self._settled
-        cutoff = max(now - SETTLE, before.until or now - SETTLE)
+        # On an hour boundary, where the pruned totals can be split the same way.
+        cutoff = max(hour_of(now - SETTLE), before.until or hour_of(now - SETTLE))
         # Rows finished before ``before.until`` are in its totals already.
         unread = (
             Run.finished_at.is_not(None)
             if before.until is None
             else Run.finished_at >= before.until
         )
+        unread_pruned = true() if before.until is None else PrunedRuns.hour >= before.until
         settles = Run.finished_at < cutoff
+        pruned_settles = PrunedRuns.hour < cutoff
         bucket, total = _latency(self.settings.database_url)
         with session_scope(self.settings.database_url) as session:
-            finished = session.execute(
-                select(Run.status, Run.stop_reason, settles, func.count())
-                .where(summaries.terminal(), unread)
-                .group_by(Run.status, Run.stop_reason, settles)
-            ).all()
-            cancelled = session.execute(
-                select(bucket, settles, func.count(), total)
-                .where(
-                    summaries.status_in([RunStatus.CANCELLED.value]),
-                    Run.cancel_requested_at.is_not(None),
-                    unread,
+            finished: Sequence[Any] = session.execute(
+                union_all(
+                    select(Run.status, Run.stop_reason, settles, func.count())
+                    .where(summaries.terminal(), unread)
+                    .group_by(Run.status, Run.stop_reason, settles),
+                    select(
+                        PrunedRuns.status, PrunedRuns.stop_reason, pruned_settles,
+                        func.sum(PrunedRuns.count),
+                    )
+                    .where(unread_pruned)
+                    .group_by(PrunedRuns.status, PrunedRuns.stop_reason, pruned_settles),
                 )
-                .group_by(bucket, settles)
-            ).all()
+            ).all()  # fmt: skip
+            cancelled: Sequence[Any] = session.execute(
+                union_all(
+                    select(bucket, settles, func.count(), total)
+                    .where(
+                        summaries.status_in([RunStatus.CANCELLED.value]),
+                        Run.cancel_requested_at.is_not(None),
+                        unread,
+                    )
+                    .group_by(bucket, settles),
+                    select(
+                        PrunedRuns.bucket, pruned_settles, func.sum(PrunedRuns.count),
+                        func.sum(PrunedRuns.latency_seconds) + literal(0.0),
+                    )
+                    .where(unread_pruned, PrunedRuns.bucket != NO_LATENCY)
+                    .group_by(PrunedRuns.bucket, pruned_settles),
+                )
+            ).all()  # fmt: skip
             health = summaries.health_expression(self.settings, now)
             live = [
                 (str(status), str(state), int(count), int(past))
