@@ -17,6 +17,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import queue
 import shutil
 import tempfile
 import time
@@ -115,7 +116,13 @@ def under_load(target: Callable[..., None], args: tuple[Any, ...], probe: Probe)
     samples = [probe.once()]
     while results.empty() and child.is_alive():
         samples.append(probe.once())
-    report = results.get(timeout=600)
+    try:
+        # A child that died before its report (a crash, an import error) must not leave this
+        # waiting the full ten minutes.
+        report = results.get(timeout=600 if child.is_alive() else 10)
+    except queue.Empty:
+        child.join(10)
+        raise SystemExit(f"{target.__name__} exited {child.exitcode} without a report") from None
     child.join(60)
     if child.exitcode != 0:
         raise SystemExit(f"{target.__name__} exited {child.exitcode}")
