@@ -1,10 +1,16 @@
 """What only the broker and the workers know, for the operator's fleet page: the run queue's
 depth and each worker's pool. Both are bounded by a short timeout and report ``None`` when
-the answer did not come, so a down broker slows the page by at most that timeout."""
+the answer did not come, so a down broker slows the page by at most that timeout.
+
+A pool broadcast costs its whole reply window whoever answers, so the answer is kept for
+:data:`POOLS_FRESH` seconds: an operator refreshing the page asks the workers once.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 from kombu.connection import Connection
@@ -17,6 +23,11 @@ LOG = logging.getLogger(__name__)
 TIMEOUT = 1.0
 #: How long the workers' replies are collected: a broadcast waits all of it, whoever answers.
 REPLIES = 0.5
+#: How long a pool answer is reused (seconds).
+POOLS_FRESH = 10.0
+
+_asked: dict[tuple[str, str], tuple[float, dict[str, dict[str, Any]] | None]] = {}
+_asking = threading.Lock()
 
 
 def queue_depth(settings: Settings) -> int | None:
@@ -37,7 +48,18 @@ def queue_depth(settings: Settings) -> int | None:
         return None
 
 
-def pools(settings: Settings) -> dict[str, dict[str, Any]] | None:
+def pools(settings: Settings) -> tuple[dict[str, dict[str, Any]] | None, float]:
+    """Each replying worker node's pool (see :func:`ask_pools`) and the answer's age in
+    seconds: a fresh broadcast, or one at most :data:`POOLS_FRESH` old."""
+    key = (settings.broker_url, settings.queue)
+    with _asking:  # concurrent page loads share one broadcast
+        asked = _asked.get(key)
+        if asked is None or time.monotonic() - asked[0] > POOLS_FRESH:
+            asked = _asked[key] = (time.monotonic(), ask_pools(settings))
+    return asked[1], time.monotonic() - asked[0]
+
+
+def ask_pools(settings: Settings) -> dict[str, dict[str, Any]] | None:
     """Each replying worker node's pool: ``{name: {pool, concurrency}}`` (Celery's ``inspect
     stats``, one broadcast), or ``None`` when no node answered in :data:`REPLIES`. What runs
     now is the database's to say (the steps each host stamps)."""

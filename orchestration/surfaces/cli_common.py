@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import sys
 from datetime import datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from orchestration.errors import OrchestrationError, ValidationError
+
+if TYPE_CHECKING:
+    from orchestration.service import Orchestrator
 
 err = Console(stderr=True)
 
@@ -54,3 +57,12 @@ def failed(exc: OrchestrationError, as_json: bool) -> typer.Exit:
     else:
         error_line(str(exc))
     return typer.Exit(2)
+
+
+def orchestrator_and_owner(owner: str | None) -> tuple[Orchestrator, str]:
+    """The Python API from the environment, and who acts: ``--owner`` or ``ORCH_OWNER``.
+    Imported late, so that ``--help`` loads neither the database layer nor the settings."""
+    from orchestration.service import Orchestrator
+    from orchestration.settings import get_settings
+
+    return Orchestrator.from_env(), owner or get_settings().owner

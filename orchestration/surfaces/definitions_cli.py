@@ -5,26 +5,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from orchestration.errors import OrchestrationError
-from orchestration.surfaces.cli_common import AsJson, Owner, dump, failed
+from orchestration.surfaces.cli_common import AsJson, Owner, dump, failed, orchestrator_and_owner
 
 workflows_app = typer.Typer(
     help="Registered workflow definitions (name@version).", no_args_is_help=True
 )
 _out = Console()
-
-
-def _orchestrator_and_owner(owner: str | None) -> tuple[Any, str]:
-    from orchestration.service import Orchestrator
-    from orchestration.settings import get_settings
-
-    return Orchestrator.from_env(), owner or get_settings().owner
 
 
 @workflows_app.command("register")
@@ -41,7 +34,7 @@ def register(
     from orchestration.workflows import load_file
 
     try:
-        orch, who = _orchestrator_and_owner(owner)
+        orch, who = orchestrator_and_owner(owner)
         found, created = orch.register_workflow(load_file(file), owner=who, shared=shared)
     except OrchestrationError as exc:
         raise failed(exc, as_json) from None
@@ -56,7 +49,7 @@ def register(
 def list_workflows(owner: Owner = None, as_json: AsJson = False) -> None:
     """The owner's definitions and the published ones, every version, newest first."""
     try:
-        orch, who = _orchestrator_and_owner(owner)
+        orch, who = orchestrator_and_owner(owner)
         found = orch.workflows(owner=who)
     except OrchestrationError as exc:
         raise failed(exc, as_json) from None
@@ -80,7 +73,7 @@ def show(
 ) -> None:
     """The stored definition, as JSON (what a launch of it runs)."""
     try:
-        orch, who = _orchestrator_and_owner(owner)
+        orch, who = orchestrator_and_owner(owner)
         found = orch.workflow(ref, owner=who)
     except OrchestrationError as exc:
         raise failed(exc, True) from None

@@ -6,17 +6,14 @@ the beat fires it (``orchestration.schedules``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from orchestration.errors import OrchestrationError
-from orchestration.surfaces.cli_common import AsJson, Owner, dump, failed
-
-if TYPE_CHECKING:
-    from orchestration.service import Orchestrator
+from orchestration.surfaces.cli_common import AsJson, Owner, dump, failed, orchestrator_and_owner
 
 schedules_app = typer.Typer(
     help="Workflow schedules: next fires, last fires, pause and resume.", no_args_is_help=True
@@ -26,18 +23,11 @@ _out = Console()
 Name = Annotated[str, typer.Argument(help="The registered workflow's name.")]
 
 
-def _orchestrator_and_owner(owner: str | None) -> tuple[Orchestrator, str]:
-    from orchestration.service import Orchestrator
-    from orchestration.settings import get_settings
-
-    return Orchestrator.from_env(), owner or get_settings().owner
-
-
 @schedules_app.command("list")
 def list_schedules(owner: Owner = None, as_json: AsJson = False) -> None:
     """The owner's schedules: next fire times, paused or not, the last fires and their runs."""
     try:
-        orch, who = _orchestrator_and_owner(owner)
+        orch, who = orchestrator_and_owner(owner)
         found = orch.schedules(owner=who)
     except OrchestrationError as exc:
         raise failed(exc, as_json) from None
@@ -61,7 +51,7 @@ def list_schedules(owner: Owner = None, as_json: AsJson = False) -> None:
 
 def _switch(name: str, owner: str | None, *, paused: bool) -> None:
     try:
-        orch, who = _orchestrator_and_owner(owner)
+        orch, who = orchestrator_and_owner(owner)
         switch = orch.pause_schedule if paused else orch.resume_schedule
         changed = switch(name, owner=who)
     except OrchestrationError as exc:
@@ -89,7 +79,7 @@ def fire() -> None:
     from orchestration import schedules
 
     try:
-        orch, _ = _orchestrator_and_owner(None)
+        orch, _ = orchestrator_and_owner(None)
         report = schedules.fire(orch.transact, orch.settings, orch.clock())
     except OrchestrationError as exc:
         raise failed(exc, True) from None

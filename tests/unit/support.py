@@ -5,7 +5,10 @@ Nothing here starts a service: every database is a SQLite file in the test's ``t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -282,3 +285,21 @@ def drive(
             return outcomes
         tick = outcome.tick
     pytest.fail(f"step {index} still polling after {limit} executions: {outcomes}")
+
+
+def cli(
+    settings: Settings, owner: str | None = None, cwd: Path | None = None
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``orchestration ARGV`` in a fresh process on the test's database (and scripted
+    provider), as ``owner``: the installed command a user types, not a function call."""
+    env = {"ORCH_DATABASE_URL": settings.database_url, "PATH": "/usr/bin:/bin"}
+    if settings.scripted_url:
+        env["ORCH_SCRIPTED_URL"] = settings.scripted_url
+    if owner is not None:
+        env["ORCH_OWNER"] = owner
+    command = str(Path(sys.executable).with_name("orchestration"))
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([command, *argv], env=env, capture_output=True, text=True, cwd=cwd)
+
+    return run

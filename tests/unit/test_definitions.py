@@ -5,8 +5,6 @@ content hash, launched by name through the Python API, the HTTP API and the CLI,
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
-from tests.unit.support import RecordingDispatcher, step_spec
+from tests.unit.support import RecordingDispatcher, cli, step_spec
 
 OWNER = "owner-1"
 SCHEMA = {
@@ -161,16 +159,7 @@ def test_the_cli_registers_lists_shows_and_launches_by_name(
 ) -> None:
     path = tmp_path / "research.yaml"
     path.write_text(yaml.safe_dump(_research()))
-    env = {
-        "ORCH_DATABASE_URL": settings.database_url,
-        "ORCH_SCRIPTED_URL": settings.scripted_url or "",
-        "ORCH_OWNER": OWNER,
-        "PATH": "/usr/bin:/bin",
-    }
-    cli = str(Path(sys.executable).with_name("orchestration"))
-
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([cli, *argv], env=env, capture_output=True, text=True, cwd=tmp_path)
+    run = cli(settings, OWNER, cwd=tmp_path)
 
     made = run("workflows", "register", str(path), "--json")
     assert made.returncode == 0, made.stderr

@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from orchestration import fleet, fleet_series
 from orchestration.db import session_scope, utcnow
 from orchestration.models import Step
-from orchestration.runtime import poll_lateness
+from orchestration.runtime import broker_probe, poll_lateness
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
@@ -156,3 +157,22 @@ def test_the_fleet_page_plots_poll_lateness_and_sweep_time(settings: Settings) -
     assert "worst 4.00 s" in page.text
     sweep = re.search(r'<svg id="plot-sweep-time".*?</svg>', page.text, re.S)
     assert sweep is not None and sweep.group(0).count('class="bar"') == 1
+
+
+def test_the_pool_broadcast_is_asked_once_per_freshness_window(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+
+    def ask(_: Settings) -> dict[str, dict[str, object]]:
+        asked.append("broadcast")
+        return {"w@host": {"pool": "prefork", "concurrency": 2}}
+
+    monkeypatch.setattr(broker_probe, "ask_pools", ask)
+    monkeypatch.setattr(broker_probe, "_asked", {})
+    first, age = broker_probe.pools(settings)
+    again, later = broker_probe.pools(settings)
+    assert first == again and len(asked) == 1 and 0 <= age <= later < broker_probe.POOLS_FRESH
+    monkeypatch.setattr(broker_probe, "POOLS_FRESH", 0.0)
+    broker_probe.pools(settings)
+    assert len(asked) == 2

@@ -5,10 +5,7 @@ branch run apart from its parent."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -21,7 +18,7 @@ from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.surfaces.maintenance import age
-from tests.unit.support import RecordingDispatcher, insert_run
+from tests.unit.support import RecordingDispatcher, cli, insert_run
 from tests.unit.test_branches import World, _research
 from tests.unit.test_schedules import OWNER, T0, _fires, _pass, _register, _runs, _workflow
 
@@ -151,16 +148,11 @@ def test_an_age_is_a_number_and_a_unit() -> None:
 def test_the_prune_command_prints_its_report(settings: Settings) -> None:
     insert_run(settings, "completed", finished_at=utcnow() - timedelta(days=1))
     insert_run(settings, "completed", finished_at=utcnow() + timedelta(days=1))
-    env = {"ORCH_DATABASE_URL": settings.database_url, "PATH": "/usr/bin:/bin"}
-    cli = str(Path(sys.executable).with_name("orchestration"))
-    done = subprocess.run(
-        [cli, "prune", "--older-than", "1s", "--json"], env=env, capture_output=True, text=True
-    )
+    run = cli(settings)
+    done = run("prune", "--older-than", "1s", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["runs"] == 1
-    bad = subprocess.run(
-        [cli, "prune", "--older-than", "soon"], env=env, capture_output=True, text=True
-    )
+    bad = run("prune", "--older-than", "soon")
     assert bad.returncode == 2 and "older_than" in bad.stderr
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -18,7 +16,7 @@ from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
-from tests.unit.support import RecordingDispatcher
+from tests.unit.support import RecordingDispatcher, cli
 from tests.unit.test_schedules import OWNER, T0, _pass, _register, _workflow
 
 NOW = T0 + timedelta(seconds=12)
@@ -94,16 +92,10 @@ def test_another_owner_sees_none_of_them_and_cannot_pause_one(orch: Orchestrator
 
 def test_the_cli_lists_pauses_and_resumes_through_the_same_calls(settings: Settings) -> None:
     _register(Orchestrator(settings, None), _workflow())
-    env = {
-        "ORCH_DATABASE_URL": settings.database_url,
-        "ORCH_SCRIPTED_URL": settings.scripted_url or "",
-        "ORCH_OWNER": OWNER,
-        "PATH": "/usr/bin:/bin",
-    }
-    cli = str(Path(sys.executable).with_name("orchestration"))
+    schedules = cli(settings, OWNER)
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([cli, "schedules", *argv], env=env, capture_output=True, text=True)
+        return schedules("schedules", *argv)
 
     assert "paused nightly" in run("pause", "nightly").stdout
     assert "nightly was already paused" in run("pause", "nightly").stdout

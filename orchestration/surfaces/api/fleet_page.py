@@ -109,7 +109,8 @@ async def fleet_page(request: Request) -> Response:
         orch.transact, lambda session: Done(fleet.snapshot(session, orch.settings, now))
     )
     depth = await run_in_threadpool(broker_probe.queue_depth, orch.settings)
-    nodes = await run_in_threadpool(broker_probe.pools, orch.settings) or {}
+    answered, pools_age = await run_in_threadpool(broker_probe.pools, orch.settings)
+    nodes = answered or {}
     # Steps record the host they ran on; Celery names its nodes ``name@host``.
     pools: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for node, pool in nodes.items():
@@ -120,6 +121,8 @@ async def fleet_page(request: Request) -> Response:
         fleet=seen,
         depth=depth,
         pools=pools,
+        pools_age=pools_age,
+        pools_fresh=broker_probe.POOLS_FRESH,
         queue=orch.settings.queue,
         plots=plots(seen),
         width=PLOT_WIDTH,
