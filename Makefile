@@ -15,7 +15,7 @@ demo: install
 	$(VENV)/bin/orchestration demo
 
 test: install
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2
 
 # Every runnable command block of README.md and docs/*.md, as written, from a fresh shell
 # (docs/contributing.md); needs the services the docs name (PostgreSQL, Redis).
