@@ -4,6 +4,7 @@ name, each owner's own only (another owner's schedule is refused like a missing 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from datetime import timedelta
 
@@ -16,6 +17,7 @@ from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
+from orchestration.surfaces.api.auth import csrf_value
 from tests.unit.support import RecordingDispatcher, cli
 from tests.unit.test_schedules import OWNER, T0, _pass, _register, _workflow
 
@@ -104,3 +106,39 @@ def test_the_cli_lists_pauses_and_resumes_through_the_same_calls(settings: Setti
     assert "resumed nightly" in run("resume", "nightly").stdout
     refused = run("pause", "weekly")
     assert refused.returncode == 2 and "no registered workflow 'weekly'" in refused.stderr
+
+
+def test_the_dashboard_buttons_pause_and_resume_with_the_forms_csrf_value(
+    orch: Orchestrator,
+) -> None:
+    _register(orch, _workflow())
+    client = _client(orch, OWNER)
+    page = client.get("/dashboard/schedules").text
+    action = re.search(r'<form method="post" action="(/dashboard/schedules/[^"]+)">', page)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert action is not None and csrf is not None
+    assert action.group(1) == "/dashboard/schedules/nightly/pause" and ">Pause nightly<" in page
+    stale = client.post(action.group(1), data={"csrf": "forged"}, follow_redirects=False)
+    assert stale.status_code == 403 and orch.schedules(owner=OWNER)[0]["paused"] is False
+    done = client.post(action.group(1), data={"csrf": csrf.group(1)}, follow_redirects=False)
+    assert (done.status_code, done.headers["location"]) == (303, "/dashboard/schedules")
+    assert orch.schedules(owner=OWNER)[0]["paused"] is True
+    assert ">Resume nightly<" in client.get("/dashboard/schedules").text
+    with session_scope(orch.settings.database_url) as session:
+        token = tokens.create(session, "owner-2", "t", now=T0)
+    other = TestClient(create_app(orch), headers={"Authorization": f"Bearer {token}"})
+    refused = other.post(
+        "/dashboard/schedules/nightly/resume", data={"csrf": csrf_value(token)},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert refused.status_code == 404 and orch.schedules(owner=OWNER)[0]["paused"] is True
+    with session_scope(orch.settings.database_url) as session:
+        oncall = tokens.create(session, None, "oncall", now=T0, operator=True)
+    operator = TestClient(create_app(orch), headers={"Authorization": f"Bearer {oncall}"})
+    as_operator = operator.post(
+        "/dashboard/schedules/nightly/resume", data={"csrf": csrf_value(oncall)},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert as_operator.status_code == 403 and orch.schedules(owner=OWNER)[0]["paused"] is True
+    client.post("/dashboard/schedules/nightly/resume", data={"csrf": csrf.group(1)})
+    assert orch.schedules(owner=OWNER)[0]["paused"] is False

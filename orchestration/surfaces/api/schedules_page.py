@@ -1,13 +1,16 @@
 """``/dashboard/schedules``: the owner's schedules, their next fire times, whether they are
-paused, and the latest fires with the runs they made (or why a fire was skipped)."""
+paused, and the latest fires with the runs they made (or why a fire was skipped); a pause or
+resume button on each (a plain form with the session's CSRF value)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from orchestration.surfaces.api.dashboard import render, signed_in_as, to_login
+from orchestration.errors import ValidationError
+from orchestration.surfaces.api.auth import csrf_ok, csrf_value
+from orchestration.surfaces.api.dashboard import form_of, render, signed_in_as, to_login
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 
@@ -25,4 +28,31 @@ async def schedules_page(request: Request) -> Response:
         )  # fmt: skip
     now = signed.orch.clock()
     shown = await run_in_threadpool(lambda: signed.orch.schedules(owner=signed.owner))
-    return render("schedules.html", **signed.page(), schedules=shown, now=now)
+    return render(
+        "schedules.html", **signed.page(), schedules=shown, now=now, csrf=csrf_value(signed.token)
+    )
+
+
+@router.post("/schedules/{name}/{action}")
+async def switch_schedule(request: Request, name: str, action: str) -> Response:
+    """The pause and resume buttons: the same calls as ``POST /schedules/{name}/pause``."""
+    signed = await run_in_threadpool(signed_in_as, request)
+    if signed is None:
+        return to_login()
+    form = await form_of(request)
+    if action not in ("pause", "resume") or signed.operator:
+        return render(
+            "error.html", 403 if signed.operator else 404, **signed.page(), title="Refused",
+            message="schedules are paused and resumed by their owner",
+        )  # fmt: skip
+    if not csrf_ok(signed.token, form.get("csrf", "")):
+        return render(
+            "error.html", 403, **signed.page(), title="Refused",
+            message="the form is stale or came from another site; reload the schedules page",
+        )  # fmt: skip
+    switch = signed.orch.pause_schedule if action == "pause" else signed.orch.resume_schedule
+    try:
+        await run_in_threadpool(lambda: switch(name, owner=signed.owner))
+    except ValidationError as exc:
+        return render("error.html", 404, **signed.page(), title="Not found", message=str(exc))
+    return RedirectResponse("/dashboard/schedules", status_code=303)
