@@ -143,7 +143,7 @@ def test_for_each_runs_a_branch_per_item_and_joins_their_outputs_in_item_order(
 
 def test_max_concurrency_admits_branches_only_as_slots_free(world: World) -> None:
     flow = _research(max_concurrency=2)
-    flow["steps"][0]["step"]["with"] = _done([["running", 0.1], ["completed"]])
+    flow["steps"][0]["step"]["with"] = _done([["running", 0.5], ["completed"]])
     run_id = world.launch(flow, {"topics": ["a", "b", "c", "d", "e"]})
     world.pump(rounds=1)
     record = world.record(run_id)
@@ -181,7 +181,9 @@ def test_all_settled_waits_for_every_branch_then_fails_if_any_failed(
     world: World, settings: Settings
 ) -> None:
     flow = _drafts(join="all_settled", long=_done([["failed"]], error="nope"))
-    flow["steps"][0]["parallel"]["steps"][2]["with"] = _done([["running", 0.2], ["completed"]])
+    # Long enough that three rounds on a loaded machine (the suite runs two processes) cannot
+    # see it finish.
+    flow["steps"][0]["parallel"]["steps"][2]["with"] = _done([["running", 1.0], ["completed"]])
     run_id = world.launch(flow)
     world.pump(rounds=3)
     assert world.record(run_id).status == "parked"  # "never" still runs: all_settled waits

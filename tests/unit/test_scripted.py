@@ -129,7 +129,7 @@ def test_states_play_over_time_and_the_last_is_held(
 
 
 def test_a_short_script_finishes_in_real_time(provider: ScriptedProvider) -> None:
-    request = _request(states=[["running", 0.2], ["idle"]])
+    request = _request(states=[["running", 0.5], ["idle"]])
     provider.start(request)
     assert provider.status(_ref(request)).status is ProviderStatus.RUNNING
     finished = wait_for(
