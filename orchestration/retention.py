@@ -31,7 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, exists, func, select
+from sqlalchemy import delete, exists, func, select, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from orchestration import artifacts, run_totals
@@ -145,19 +145,21 @@ def _delete_unreferenced(
     session: Session, cutoff: datetime, candidates: list[tuple[str, str]]
 ) -> tuple[int, list[str]]:
     """Delete the candidates no step of their owner references any more and no store stamped
-    since ``cutoff``; the count, and the hashes no owner's row names now."""
+    since ``cutoff``, in one statement; the count, and the hashes no owner's row names now."""
     deleted = 0
-    for owner, sha256 in candidates:
+    if candidates:
         still = exists().where(
-            Step.output_sha256 == sha256, Step.run_id == Run.id, Run.owner == owner
+            Step.output_sha256 == Artifact.sha256,
+            Step.run_id == Run.id,
+            Run.owner == Artifact.owner,
         )
         done = session.execute(
             delete(Artifact)
-            .where(Artifact.owner == owner, Artifact.sha256 == sha256)
+            .where(tuple_(Artifact.owner, Artifact.sha256).in_(candidates))
             .where(Artifact.used_at < cutoff, ~still)
             .execution_options(synchronize_session=False)
         )
-        deleted += int(done.rowcount or 0)  # type: ignore[attr-defined]
+        deleted = int(done.rowcount or 0)  # type: ignore[attr-defined]
     hashes = sorted({sha256 for _, sha256 in candidates})
     named = set(session.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(hashes))))
     return deleted, [sha256 for sha256 in hashes if sha256 not in named]
