@@ -13,19 +13,16 @@ worker answering, so it waits the probe's timeout for the pools: that is reporte
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 import time
-import uuid
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
 
 from bench import stats
+from bench.scratch import scratch_database
 from bench.upkeep_rows import OWNERS, seed
-from orchestration.db import dispose_engines, session_scope, upgrade, utcnow
+from orchestration.db import session_scope, utcnow
 from orchestration.runtime import broker_probe
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
@@ -47,16 +44,8 @@ def timed(client: TestClient, path: str, repeat: int) -> dict[str, float]:
 
 def measure(options: argparse.Namespace) -> dict[str, Any]:
     """Seed, then time each page; the figures as a dict."""
-    folder = Path(tempfile.mkdtemp(prefix="bench-pages-"))
-    name = f"bench_pages_{uuid.uuid4().hex[:6]}"
-    url, drop = f"sqlite:///{folder / (name + '.db')}", None
-    if not options.database_url.startswith("sqlite"):
-        from bench.stack import fresh_database
-
-        url, drop = fresh_database(options.database_url, folder, name)
-    try:
+    with scratch_database(options.database_url, "pages") as url:
         settings = Settings(database_url=url, broker_url=options.broker_url)
-        upgrade(settings.database_url)
         now = utcnow()
         ended = options.runs - options.live
         seeded = seed(settings.database_url, 0, ended, options.live, now - timedelta(minutes=30))
@@ -83,12 +72,6 @@ def measure(options: argparse.Namespace) -> dict[str, Any]:
             "pages": pages,
             "fleet_pools_wait_ms": (time.perf_counter() - started) * 1000,
         }
-    finally:
-        if drop is not None:
-            drop()
-        else:
-            dispose_engines()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def render(result: dict[str, Any]) -> str:

@@ -24,7 +24,8 @@ from typing import Any
 import psutil
 
 from bench import stats
-from bench.stack import WORKER_FLAGS, fresh_database
+from bench.scratch import fresh_database
+from bench.stack import WORKER_FLAGS
 
 HERE = Path(__file__).resolve().parent / "director"
 #: Director's ``end`` task sleeps this long before it marks the workflow done.

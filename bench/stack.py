@@ -19,11 +19,10 @@ from typing import Any
 import psutil
 import redis
 from celery import Celery
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from bench.names import MARK
-from orchestration.db import dispose_engines, normalize_url, upgrade
+from bench.scratch import fresh_database
+from orchestration.db import dispose_engines, upgrade
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
@@ -60,24 +59,6 @@ def claim_redis(url: str) -> redis.Redis:
 def release_redis(client: redis.Redis) -> None:
     """Leave the db empty (queues, unacked countdown messages, director's results)."""
     client.flushdb()
-
-
-def fresh_database(admin_url: str | None, folder: Path, name: str) -> tuple[str, Any]:
-    """A new PostgreSQL database beside ``admin_url`` (or a SQLite file); its drop function."""
-    if admin_url is None:
-        return f"sqlite:///{folder / (name + '.db')}", None
-    admin = create_engine(normalize_url(admin_url), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(normalize_url(admin_url)).set(database=name)
-
-    def drop() -> None:
-        dispose_engines()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return url.render_as_string(hide_password=False), drop
 
 
 @dataclass

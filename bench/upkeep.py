@@ -18,10 +18,7 @@ import json
 import multiprocessing
 import os
 import queue
-import shutil
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
@@ -34,9 +31,10 @@ from sqlalchemy import insert, update
 from sqlalchemy.engine import make_url
 
 from bench import fmt, stats
+from bench.scratch import scratch_database
 from bench.upkeep_rows import OWNERS, check, footprint, run_rows, seed, vacuum
 from orchestration import artifacts, retention
-from orchestration.db import dispose_engines, session_scope, upgrade, utcnow
+from orchestration.db import session_scope, utcnow
 from orchestration.models import Run, Step
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
@@ -211,19 +209,9 @@ def reads(url: str, size: int, now: datetime, repeat: int, downloads: int) -> di
 
 def measure(options: argparse.Namespace) -> dict[str, Any]:
     """Seed, measure, prune under load, check, measure reads; the figures as a dict."""
-    folder = Path(tempfile.mkdtemp(prefix="bench-upkeep-"))
-    name = f"bench_upkeep_{uuid.uuid4().hex[:6]}"
-    url, drop = f"sqlite:///{folder / (name + '.db')}", None
-    if not options.database_url.startswith("sqlite"):
-        # Here, not at the top: bench.stack needs the bench extra (psutil), and the SQLite
-        # run that CI makes (tests/unit/test_upkeep_bench.py) installs only the test one.
-        from bench.stack import fresh_database
-
-        url, drop = fresh_database(options.database_url, folder, name)
-    try:
-        settings = Settings(database_url=url)
+    with scratch_database(options.database_url, "upkeep") as scratch:
+        settings = Settings(database_url=scratch)
         url = settings.database_url
-        upgrade(url)
         now = utcnow()
         started = time.perf_counter()
         seeded = seed(url, options.runs, options.recent, options.live, now)
@@ -262,12 +250,6 @@ def measure(options: argparse.Namespace) -> dict[str, Any]:
             "seeded_artifacts": seeded.artifacts, "seconds": seconds,
             "prune": report, "checks": checked, "sizes": sizes, "load": load, "reads": read,
         }  # fmt: skip
-    finally:
-        if drop is not None:
-            drop()
-        else:
-            dispose_engines()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def render(result: dict[str, Any]) -> str:
