@@ -40,26 +40,28 @@ def _flow(name: str, every: int, overlap: str, running: float) -> dict[str, Any]
     }
 
 
-def _fires(stack: Stack, owner: str, name: str) -> list[ScheduleFire]:
+def _detached(stack: Stack, query: Any) -> list[Any]:
+    """The rows ``query`` selects, readable after their session closed."""
     with session_scope(stack.settings.database_url) as session:
-        rows = session.scalars(
-            select(ScheduleFire)
-            .where(ScheduleFire.owner == owner, ScheduleFire.name == name)
-            .order_by(ScheduleFire.fire_at)
-        ).all()
+        rows = list(session.scalars(query).all())
         session.expunge_all()
-        return list(rows)
+        return rows
+
+
+def _fires(stack: Stack, owner: str, name: str) -> list[ScheduleFire]:
+    return _detached(
+        stack,
+        select(ScheduleFire)
+        .where(ScheduleFire.owner == owner, ScheduleFire.name == name)
+        .order_by(ScheduleFire.fire_at),
+    )
 
 
 def _runs(stack: Stack, owner: str, name: str) -> list[Run]:
-    with session_scope(stack.settings.database_url) as session:
-        rows = session.scalars(
-            select(Run)
-            .where(Run.owner == owner, Run.workflow_name == name)
-            .order_by(Run.created_at)
-        ).all()
-        session.expunge_all()
-        return list(rows)
+    return _detached(
+        stack,
+        select(Run).where(Run.owner == owner, Run.workflow_name == name).order_by(Run.created_at),
+    )
 
 
 def test_two_beats_fire_each_tick_once_and_skip_while_the_previous_run_lives(
