@@ -11,6 +11,7 @@ so the table holds a couple of hours whatever the fleet's age.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -71,7 +72,7 @@ class Summary:
         self.count += 1
         self.total += value
         self.largest = max(self.largest, value)
-        self.buckets[next((i for i, bound in enumerate(BUCKETS) if value <= bound), -1)] += 1
+        self.buckets[bisect.bisect_left(BUCKETS, value)] += 1
 
     def merge(self, other: Summary) -> None:
         self.count += other.count

@@ -14,6 +14,7 @@ the runs by ``finished_at`` (see ``surfaces/api/metrics.py``: settled totals are
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -53,8 +54,7 @@ def hour_of(when: datetime) -> datetime:
 
 def bucket_of(seconds: float) -> int:
     """The index of the first bucket ``seconds`` fits in (``len(CANCEL_BUCKETS)``: +Inf)."""
-    fits = (index for index, bound in enumerate(CANCEL_BUCKETS) if seconds <= bound)
-    return next(fits, len(CANCEL_BUCKETS))
+    return bisect.bisect_left(CANCEL_BUCKETS, seconds)
 
 
 def keep(
