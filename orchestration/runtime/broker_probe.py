@@ -26,7 +26,8 @@ REPLIES = 0.5
 #: How long a pool answer is reused (seconds).
 POOLS_FRESH = 10.0
 
-_asked: dict[tuple[str, str], tuple[float, dict[str, dict[str, Any]] | None]] = {}
+#: The last answer per broker (a broadcast reaches every node on it, whatever its queues).
+_asked: dict[str, tuple[float, dict[str, dict[str, Any]] | None]] = {}
 _asking = threading.Lock()
 
 
@@ -51,7 +52,7 @@ def queue_depth(settings: Settings) -> int | None:
 def pools(settings: Settings) -> tuple[dict[str, dict[str, Any]] | None, float]:
     """Each replying worker node's pool (see :func:`ask_pools`) and the answer's age in
     seconds: a fresh broadcast, or one at most :data:`POOLS_FRESH` old."""
-    key = (settings.broker_url, settings.queue)
+    key = settings.broker_url
     with _asking:  # concurrent page loads share one broadcast
         asked = _asked.get(key)
         if asked is None or time.monotonic() - asked[0] > POOLS_FRESH:

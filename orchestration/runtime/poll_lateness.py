@@ -59,19 +59,26 @@ class MinuteRecorder:
         POLL_LATENESS_SECONDS.observe(max(0.0, seconds))
         minute = fleet_series.minute_of(now)
         with self._lock:
-            if self.minute is not None and minute != self.minute:
-                self._write_locked()
+            over = self._take() if self.minute not in (None, minute) else None
             self.minute = minute
             self.seen.add(seconds)
+        if over is not None:
+            self._write(*over)
 
     def flush(self) -> None:
         """Write what is counted (the process is exiting)."""
         with self._lock:
-            self._write_locked()
+            taken = self._take()
+        self._write(*taken)
 
-    def _write_locked(self) -> None:
-        minute, seen = self.minute, self.seen
+    def _take(self) -> tuple[datetime | None, fleet_series.Summary]:
+        """What is counted, leaving nothing: written outside the lock, so a thread pool's
+        other polls do not wait for the transaction."""
+        taken = (self.minute, self.seen)
         self.minute, self.seen = None, fleet_series.Summary()
+        return taken
+
+    def _write(self, minute: datetime | None, seen: fleet_series.Summary) -> None:
         if minute is None or not seen.count:
             return
 

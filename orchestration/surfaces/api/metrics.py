@@ -43,7 +43,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
-from sqlalchemy import ColumnElement, case, func, literal, select, true, union_all
+from sqlalchemy import ColumnElement, case, func, select, true, union_all
 from sqlalchemy.engine import make_url
 
 from orchestration import summaries
@@ -171,7 +171,7 @@ class RunMetrics(Collector):
                     .group_by(bucket, settles),
                     select(
                         PrunedRuns.bucket, pruned_settles, func.sum(PrunedRuns.count),
-                        func.sum(PrunedRuns.latency_seconds) + literal(0.0),
+                        func.sum(PrunedRuns.latency_seconds),
                     )
                     .where(unread_pruned, PrunedRuns.bucket != NO_LATENCY)
                     .group_by(PrunedRuns.bucket, pruned_settles),

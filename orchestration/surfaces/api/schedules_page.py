@@ -33,16 +33,15 @@ async def schedules_page(request: Request) -> Response:
     )
 
 
-@router.post("/schedules/{name}/{action}")
-async def switch_schedule(request: Request, name: str, action: str) -> Response:
-    """The pause and resume buttons: the same calls as ``POST /schedules/{name}/pause``."""
+async def _switch(request: Request, name: str, *, paused: bool) -> Response:
+    """A pause or resume button: the same call as ``POST /schedules/{name}/pause``."""
     signed = await run_in_threadpool(signed_in_as, request)
     if signed is None:
         return to_login()
     form = await form_of(request)
-    if action not in ("pause", "resume") or signed.operator:
+    if signed.operator:
         return render(
-            "error.html", 403 if signed.operator else 404, **signed.page(), title="Refused",
+            "error.html", 403, **signed.page(), title="Refused",
             message="schedules are paused and resumed by their owner",
         )  # fmt: skip
     if not csrf_ok(signed.token, form.get("csrf", "")):
@@ -50,9 +49,21 @@ async def switch_schedule(request: Request, name: str, action: str) -> Response:
             "error.html", 403, **signed.page(), title="Refused",
             message="the form is stale or came from another site; reload the schedules page",
         )  # fmt: skip
-    switch = signed.orch.pause_schedule if action == "pause" else signed.orch.resume_schedule
+    switch = signed.orch.pause_schedule if paused else signed.orch.resume_schedule
     try:
         await run_in_threadpool(lambda: switch(name, owner=signed.owner))
     except ValidationError as exc:
         return render("error.html", 404, **signed.page(), title="Not found", message=str(exc))
     return RedirectResponse("/dashboard/schedules", status_code=303)
+
+
+@router.post("/schedules/{name}/pause")
+async def pause_schedule(request: Request, name: str) -> Response:
+    """The pause button."""
+    return await _switch(request, name, paused=True)
+
+
+@router.post("/schedules/{name}/resume")
+async def resume_schedule(request: Request, name: str) -> Response:
+    """The resume button."""
+    return await _switch(request, name, paused=False)
