@@ -14,6 +14,8 @@ from functools import lru_cache
 from celery import Task
 from celery.exceptions import Ignore
 from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.utils.log import get_task_logger
+from kombu.exceptions import OperationalError
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
 from orchestration.db import utcnow
@@ -30,6 +32,7 @@ MAX_DB_ERRORS = 12
 #: turn that finished) share one ``ORCH_PROVIDER_TIMEOUT``; or the effects' snapshot and
 #: the webhook when it runs the effects.
 _SOFT, _HARD = call_limits(settings, calls=1, webhook=True)
+logger = get_task_logger(__name__)
 
 
 class DatabaseUnavailable(Exception):
@@ -53,6 +56,16 @@ def _flush_lateness(**_: object) -> None:
     """The last minute's polls of this process, before it exits."""
     if _lateness.cache_info().currsize:
         _lateness(os.getpid()).flush()
+
+
+def _announce_revoked(task: Task) -> None:
+    """The ``task-revoked`` event Celery sends when its revoke wins the race, so Flower does
+    not show the task of a run that ended under it as started for ever. A monitor's event is
+    not worth failing the step over: a broker that refuses it is logged and passed."""
+    try:
+        task.send_event("task-revoked", retry=False, terminated=False, signum=None, expired=False)
+    except (OperationalError, OSError) as exc:
+        logger.warning("task-revoked event for %s not sent: %s", task.request.id, exc)
 
 
 # max_retries=None: the bound on polling is the step's timeout, checked against the database
@@ -104,5 +117,7 @@ def advance_step(self: Task, run_id: str, index: int, tick: int = 0, db_errors: 
             kwargsrepr=f"{{'tick': {outcome.tick}}}",
         )
     if isinstance(outcome, Halt):
+        if outcome.revoked:
+            _announce_revoked(self)
         # Ignore acks the message and stops the chain: nothing after this step is sent.
         raise Ignore(outcome.reason)

@@ -251,7 +251,7 @@ def _why_not(session: Session, run_id: str, index: int) -> Halt:
     if status is None:
         return Halt("no such run")
     if status in RUN_TERMINAL:
-        return Halt(f"run is {status}")
+        return Halt(f"run is {status}", revoked=True)
     step_status = session.scalar(
         select(Step.status).where(Step.run_id == run_id, Step.index == index)
     )

@@ -20,9 +20,12 @@ class Proceed:
 
 @dataclass(frozen=True)
 class Halt:
-    """Stop here and stop the chain."""
+    """Stop here and stop the chain. ``revoked``: the run ended under this execution (it
+    honoured the cancel itself, or found the run terminal), so monitors are told the task
+    was revoked, as they are when Celery's revoke reaches it first."""
 
     reason: str
+    revoked: bool = False
 
 
 Outcome = Poll | Proceed | Halt

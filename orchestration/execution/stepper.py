@@ -363,7 +363,7 @@ class Stepper:
             cause="cancel honoured by the step task",
             revoke=False,
         )
-        return Halt("cancel honoured")
+        return Halt("cancel honoured", revoked=True)
 
 
 def _attempt_of(session: Session, run_id: str, index: int) -> int:

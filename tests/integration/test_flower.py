@@ -111,6 +111,19 @@ def _events_flowing(flower: Flower, orch: Orchestrator, owner: str) -> None:
     pytest.fail("flower never received task events from the worker")
 
 
+def _settled(flower: Flower, expected: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Flower's tasks once each task id in ``expected`` has its expected state (20 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        tasks = flower.tasks()
+        states = {task_id: tasks.get(task_id, {}).get("state") for task_id in expected}
+        if states == expected:
+            return tasks
+        if time.monotonic() > deadline:
+            pytest.fail(f"flower's states after 20 s: {states}, expected {expected}")
+        time.sleep(0.3)
+
+
 def test_flower_sees_step_tasks_and_a_revoke(
     flower: Flower, orch: Orchestrator, owner: str
 ) -> None:
@@ -124,17 +137,9 @@ def test_flower_sees_step_tasks_and_a_revoke(
     record = orch.get(done.id, owner=owner)
     assert record.status == "completed"
 
-    def seen() -> dict[str, dict[str, Any]] | None:
-        tasks = flower.tasks()
-        wanted = [step.celery_task_id for step in record.steps]
-        wanted.append(cancelled.steps[0].celery_task_id)
-        if all(
-            tasks.get(str(task_id), {}).get("state") in ("SUCCESS", "REVOKED") for task_id in wanted
-        ):
-            return tasks
-        return None
-
-    tasks = wait_for(seen, 20, interval=0.3, what="flower saw the tasks")
+    expected = {str(step.celery_task_id): "SUCCESS" for step in record.steps}
+    expected[str(cancelled.steps[0].celery_task_id)] = "REVOKED"
+    tasks = _settled(flower, expected)
     for index, step in enumerate(record.steps):
         task = tasks[str(step.celery_task_id)]
         assert task["name"] == "orchestration.step.advance"
@@ -145,3 +150,21 @@ def test_flower_sees_step_tasks_and_a_revoke(
     revoked = tasks[str(cancelled.steps[0].celery_task_id)]
     assert (revoked["name"], revoked["state"]) == ("orchestration.step.advance", "REVOKED")
     assert stopped.id in revoked["args"]
+
+
+def test_a_cancel_the_step_honours_itself_shows_as_revoked(
+    flower: Flower, orch: Orchestrator, owner: str
+) -> None:
+    """A graceful cancel sends no revoke: the step task honours the request at its next
+    execution. Flower must still end the task as revoked, not leave it started for ever;
+    the same holds when a hard cancel's request is honoured before its revoke arrives."""
+    _events_flowing(flower, orch, owner)
+    run = orch.launch(_flow([["running"]]), owner=owner)
+    wait_for(lambda: orch.get(run.id, owner=owner).steps[0].polls >= 2, 20, what="polling")
+    orch.cancel(run.id, owner=owner, graceful=True)
+    wait_for(lambda: is_terminal(orch.get(run.id, owner=owner)), 20, what="cancel honoured")
+    record = orch.get(run.id, owner=owner)
+    assert (record.status, record.stop_reason) == ("cancelled", "cancel_requested")
+    task_id = str(record.steps[0].celery_task_id)
+    task = _settled(flower, {task_id: "REVOKED"})[task_id]
+    assert task["name"] == "orchestration.step.advance"

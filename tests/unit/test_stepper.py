@@ -99,7 +99,7 @@ def test_a_terminal_run_halts_without_writing(settings: Settings, clock: Clock) 
             now=clock(),
         )
     before = snapshot(settings, run_id)
-    assert _stepper(settings, clock).advance(run_id, 0, 0) == Halt("run is failed")
+    assert _stepper(settings, clock).advance(run_id, 0, 0) == Halt("run is failed", revoked=True)
     assert snapshot(settings, run_id) == before
     assert _turns(settings, run_id) == [], "no turn may start for a terminal run"
 
@@ -121,7 +121,7 @@ def test_a_requested_cancel_is_honoured_and_its_turn_cancelled(
     assert cancellation.request(Executor(settings, None), settings, run_id, now=clock(), by="test")
     assert run_row(settings, run_id).status == RunStatus.CANCELLING.value
 
-    assert stepper.advance(run_id, 0, tick.tick) == Halt("cancel honoured")
+    assert stepper.advance(run_id, 0, tick.tick) == Halt("cancel honoured", revoked=True)
     run = run_row(settings, run_id)
     assert (run.status, run.stop_reason) == ("cancelled", "cancel_requested")
     assert [step.status for step in steps_of(settings, run_id)] == ["cancelled"]
@@ -136,7 +136,7 @@ def test_a_cancel_before_the_first_execution_starts_no_turn(
 ) -> None:
     run_id = launch(settings, now=clock())
     assert cancellation.request(Executor(settings, None), settings, run_id, now=clock(), by="test")
-    assert _stepper(settings, clock).advance(run_id, 0, 0) == Halt("cancel honoured")
+    assert _stepper(settings, clock).advance(run_id, 0, 0) == Halt("cancel honoured", revoked=True)
     assert run_row(settings, run_id).status == RunStatus.CANCELLED.value
     assert [step.status for step in steps_of(settings, run_id)] == ["cancelled"]
     assert _turns(settings, run_id) == []
