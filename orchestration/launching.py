@@ -2,7 +2,8 @@
 
 The chain's first segment is planned before the rows are written and its task ids go in with
 them (``chains.plan_chain``); the executor sends it after the commit. A launch is one read of
-the request id, one count of live runs, three inserts and the read of the record it returns.
+the request id, one count of live runs and three inserts; the record it returns is built
+from the rows it wrote (``Written``).
 A launch onto a held concurrency key ends the holder it ousts (``claims.decide``) through
 ``closing.end_run`` in the same transaction.
 """
@@ -61,6 +62,16 @@ class Reuse:
     outputs: tuple[artifacts.Kept, ...]
 
 
+@dataclass(frozen=True)
+class Written:
+    """The run a launch found by its request id (``steps`` is ``None``) or wrote, with the
+    new step rows: a new run has no branch runs and no reruns, so its record needs no read
+    back from the database."""
+
+    run: Run
+    steps: list[Step] | None
+
+
 def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
     """The provider turn's key: at most one turn per (run, step, attempt)."""
     return f"{run_id}:{step_id}:{attempt}"
@@ -89,7 +100,7 @@ def launch(
         concurrency_key=concurrency_key,
         on_conflict=on_conflict,
         now=now,
-        read=lambda _, run_id: run_id,
+        read=lambda _, written: written.run.id,
     )
 
 
@@ -104,7 +115,7 @@ def launch_then(
     concurrency_key: str | None,
     on_conflict: claims.OnConflict,
     now: datetime,
-    read: Callable[[Session, str], T],
+    read: Callable[[Session, Written], T],
     reuse: Reuse | None = None,
     version: int | None = None,
 ) -> T:
@@ -177,7 +188,7 @@ def _write(
     on_conflict: claims.OnConflict,
     now: datetime,
     steps: tuple[StepSpec, ...],
-    read: Callable[[Session, str], T],
+    read: Callable[[Session, Written], T],
     reuse: Reuse | None = None,
     version: int | None = None,
 ) -> Done[T]:
@@ -187,7 +198,7 @@ def _write(
     if existing is not None:
         if existing.fingerprint != fingerprint:
             raise IdempotencyConflict(request_id, existing.id)
-        return Done(read(session, existing.id))
+        return Done(read(session, Written(existing, None)))
     _check_capacity(session, settings, owner)
     then = Followups()
     decision = None
@@ -249,9 +260,18 @@ def _write(
         needs_review=False,
     )
     session.add(run)
-    for index, step in enumerate(definition["steps"]):
-        reused = reuse.outputs[index] if reuse is not None and index < first else None
-        session.add(new_step(run_id, index, step, now, task_id=task_of.get(index), reused=reused))
+    rows = [
+        new_step(
+            run_id,
+            index,
+            step,
+            now,
+            task_id=task_of.get(index),
+            reused=reuse.outputs[index] if reuse is not None and index < first else None,
+        )
+        for index, step in enumerate(definition["steps"])
+    ]
+    session.add_all(rows)
     if reuse is not None:
         artifacts.touch(session, owner, {k.sha256 for k in reuse.outputs[:first] if k.sha256}, now)
     session.add(
@@ -271,10 +291,11 @@ def _write(
             )
         )
     session.flush()
+    written = read(session, Written(run, rows))
     if plan is None:
-        return Done(read(session, run_id), then)
+        return Done(written, then)
     specs.remember(run_id, steps)
-    return Done(read(session, run_id), then + Followups(chains=(plan,)))
+    return Done(written, then + Followups(chains=(plan,)))
 
 
 def new_step(

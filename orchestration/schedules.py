@@ -187,7 +187,8 @@ def _fire_one(
         launching.launch_then(
             transact, settings, schedule.definition, spec.args, owner=schedule.owner,
             request_id=rid, concurrency_key=None, on_conflict=claims.OnConflict.REJECT,
-            now=now, read=lambda session, run_id: _claim(session, schedule, at, rid, run_id, now),
+            now=now,
+            read=lambda session, made: _claim(session, schedule, at, rid, made.run.id, now),
             version=schedule.version,
         )  # fmt: skip
     except _Taken:

@@ -38,7 +38,7 @@ from orchestration.execution import approving
 from orchestration.followups import Done
 from orchestration.models import Run, Step
 from orchestration.observability import context, tracing
-from orchestration.records import RunRecord
+from orchestration.records import RunRecord, to_record
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.executor import Executor, TaskQueue
 from orchestration.settings import Settings, get_settings
@@ -234,7 +234,7 @@ class Orchestrator:
             concurrency_key=concurrency_key,
             on_conflict=policy,
             now=now,
-            read=lambda session, run_id: self._read(session, run_id, owner),
+            read=self._launched,
         )
         return _traced_launch(record, started, now, owner=owner)
 
@@ -264,7 +264,7 @@ class Orchestrator:
             concurrency_key=source.concurrency_key,
             on_conflict=claims.OnConflict(source.on_conflict or "reject"),
             now=now,
-            read=lambda session, new_id: self._read(session, new_id, owner),
+            read=self._launched,
             reuse=reuse,
             version=source.workflow_version,
         )
@@ -358,6 +358,12 @@ class Orchestrator:
         return self.get(run_id, owner=owner)
 
     # -- helpers ---------------------------------------------------------------------------
+    def _launched(self, session: Session, written: launching.Written) -> RunRecord:
+        """The record of the run a launch found (read) or wrote (from the rows it wrote)."""
+        if written.steps is None:
+            return run_reads.record(session, self.settings, written.run, self.clock())
+        return to_record(self.settings, written.run, written.steps, self.clock())
+
     def _read(self, session: Session, run_id: str, owner: str) -> RunRecord:
         """The record of the owner's run now. Raises :class:`RunNotFound`."""
         run = run_reads.owned(session, run_id, owner)

@@ -23,6 +23,7 @@ from orchestration.execution import Poll, Proceed, Stepper
 from orchestration.followups import ChainPlan
 from orchestration.providers.scripted import TURNS, store_url
 from orchestration.runtime.executor import Executor
+from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from tests.unit.support import (
     T0,
@@ -159,3 +160,19 @@ def test_a_step_that_polled_arms_the_rest_of_the_run(settings: Settings) -> None
     first = list(range(min(SEGMENT_LINKS, 3)))
     assert [[link.index for link in plan.links] for plan in queue.chains] == [first, [2]]
     assert run_row(settings, run_id).status == "completed"
+
+
+def test_a_launch_is_one_transaction_that_reads_nothing_back(settings: Settings) -> None:
+    """The request-id read, the capacity count and the inserts (run, steps, first event):
+    the record it returns is built from the rows it wrote, not read again."""
+    orch = Orchestrator(settings, RecordingDispatcher(), clock=Clock(T0))
+    flow = workflow(step_spec("a", with_=INSTANT), step_spec("b", with_=INSTANT))
+    orch.launch(flow, owner="o", request_id="warm")
+    with counting(settings) as count:
+        record = orch.launch(flow, owner="o", request_id="r1")
+    # PostgreSQL batches the step rows into one INSERT; SQLite sends one per step.
+    assert count.transactions == 1
+    assert count.statements[:2] == ["SELECT", "SELECT"]
+    assert set(count.statements[2:]) == {"INSERT"} and len(count.statements) <= 2 + 1 + 2 + 1
+    assert [step.step_id for step in record.steps] == ["a", "b"]
+    assert record == orch.get(record.id, owner="o")
