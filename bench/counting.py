@@ -55,6 +55,10 @@ def _provider_txn(txn: list[str]) -> bool:
     return any(map(_provider, txn)) and all(_provider(s) or _control(s) for s in txn)
 
 
+def _autocommit(connection: Any) -> bool:
+    return bool(connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT")
+
+
 class Counts:
     """SQLAlchemy events on one engine, counted while :meth:`counting` is open."""
 
@@ -72,18 +76,20 @@ class Counts:
         event.listen(self.engine, "begin", self._begin)
         event.listen(self.engine.pool, "checkout", self._checkout)
 
-    def _statement(self, _c: Any, _cur: Any, statement: str, *_: Any) -> None:
+    def _statement(self, connection: Any, _cur: Any, statement: str, *_: Any) -> None:
         if self.active:
-            (self.transactions[-1] if self.transactions else self.outside).append(statement)
+            inside = self.transactions and not _autocommit(connection)
+            (self.transactions[-1] if inside else self.outside).append(statement)
 
-    def _commit(self, *_: Any) -> None:
-        self.commits += self.active
+    def _commit(self, connection: Any) -> None:
+        self.commits += self.active and not _autocommit(connection)
 
     def _begin(self, connection: Any) -> None:
-        if self.active:
+        # An autocommit connection's "transaction" sends no BEGIN and no COMMIT: its
+        # statements commit one by one, and count as outside any transaction.
+        if self.active and not _autocommit(connection):
             self.transactions.append([])
-            isolation = connection.get_execution_options().get("isolation_level")
-            self.begins += isolation != "AUTOCOMMIT"
+            self.begins += 1
 
     def _checkout(self, _dbapi: Any, record: Any, _proxy: Any) -> None:
         if not self.active:

@@ -117,11 +117,14 @@ def _poll(report: dict[str, Any]) -> Figure | None:
     statements, txns = poll["statements"], poll["transactions"]
     provider = poll.get("provider_transactions")
     side = f" (+{_plural(provider, 'provider transaction')})" if provider else ""
+    # No transaction: the statement ran in autocommit (one statement is atomic by itself).
+    within = _plural(txns, "transaction") if txns else "no transaction (autocommit)"
     text = (
-        f"{_plural(statements, 'statement')} in {_plural(txns, 'transaction')}{side}, "
+        f"{_plural(statements, 'statement')} in {within}{side}, "
         f"{num(poll['round_trips'])} round trips"
     )
-    return Figure(statements, text, f"{num(statements)} in {num(txns)}", also_ok=txns <= 1)
+    shown = f"{num(statements)} in {num(txns)}" if txns else f"{num(statements)}, autocommit"
+    return Figure(statements, text, shown, also_ok=txns <= 1)
 
 
 def _instant(report: dict[str, Any]) -> Figure | None:

@@ -158,14 +158,25 @@ def dispose_engines(*, after_fork: bool = False) -> None:
 
 
 @contextmanager
-def session_scope(url: str, *, lock_timeout: float | None = None) -> Iterator[Session]:
+def session_scope(
+    url: str, *, lock_timeout: float | None = None, autocommit: bool = False
+) -> Iterator[Session]:
     """A session whose transaction commits when the block ends and rolls back on error.
 
     What should happen after the commit is the executor's (``runtime.executor``). ``lock_timeout``
     (seconds, PostgreSQL) makes a write that waits on a locked row fail instead of waiting:
-    the sweeper uses it so that one frozen worker cannot hold up every run.
+    the sweeper uses it so that one frozen worker cannot hold up every run. ``autocommit``
+    sends no ``BEGIN`` or ``COMMIT``: each statement commits by itself, for work that is one
+    statement (a poll's entry on PostgreSQL) and so atomic without a transaction.
     """
     engine = get_engine(url)
+    if autocommit:
+        with (
+            engine.connect() as connection,
+            Session(bind=connection.execution_options(isolation_level="AUTOCOMMIT")) as session,
+        ):
+            yield session
+        return
     session = _FACTORIES[normalize_url(url)]()
     try:
         if lock_timeout is not None and engine.dialect.name == "postgresql":

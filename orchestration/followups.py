@@ -83,10 +83,15 @@ class Transact(Protocol):
     """Run ``work`` in one transaction, commit, carry out its followups, return its value.
 
     ``lock_timeout`` (seconds, PostgreSQL) makes a write that waits on a locked row fail
-    instead of waiting. Operations that span provider calls (a step execution, a cancel, a
-    sweeper pass) take a ``Transact`` and call it once per transaction.
+    instead of waiting; ``autocommit`` runs ``work``'s statements with no transaction around
+    them, for work that is a single statement. Operations that span provider calls (a step
+    execution, a cancel, a sweeper pass) take a ``Transact`` and call it once per transaction.
     """
 
     def __call__(
-        self, work: Callable[[Session], Done[T]], *, lock_timeout: float | None = None
+        self,
+        work: Callable[[Session], Done[T]],
+        *,
+        lock_timeout: float | None = None,
+        autocommit: bool = False,
     ) -> T: ...

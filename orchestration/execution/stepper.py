@@ -1,6 +1,7 @@
 """One execution of a step task: the sequence of its transactions and provider calls.
 
-* entry (one transaction): fence, stamp, read; for a start, the claim as well;
+* entry (one transaction): fence, stamp, read; for a start, the claim as well; a poll's entry
+  on PostgreSQL is one statement with no transaction around it (``poll_fence``);
 * start: the provider start with no lock held, then at once one status call, so that a turn
   already finished is finished in this execution (no countdown hop);
 * poll: one status call; nothing more is written unless the observation changed something;
@@ -23,7 +24,14 @@ from sqlalchemy.orm import Session
 from orchestration import artifacts, bounds, cancellation, effects, providers, specs
 from orchestration.db import utcnow
 from orchestration.errors import PermanentProviderError, RetryableProviderError
-from orchestration.execution import calls, finishing, observing, parking, releasing
+from orchestration.execution import (
+    calls,
+    finishing,
+    observing,
+    parking,
+    poll_fence,
+    releasing,
+)
 from orchestration.execution import entry as entries
 from orchestration.execution.entry import Entry, Phase
 from orchestration.execution.finishing import EffectsDue
@@ -69,6 +77,14 @@ class Stepper:
         that finishes without one arms the next segment."""
         self.fenced_tick = None
         now = self.clock()
+        fast = poll_fence.attempt(
+            self.transact, self.settings, run_id, index, tick, now, worker=self.worker, pid=self.pid
+        )
+        if isinstance(fast, Entry):
+            self.fenced_tick = fast.tick
+            self._bind(fast)
+            return self._poll(run_id, index, fast, chained)
+        tick = fast
         started: list[Entry] = []
 
         def enter(session: Session) -> Done[Entry | StartCall | Outcome]:
@@ -89,9 +105,7 @@ class Stepper:
             return got
         entry = started[0]
         self.fenced_tick = entry.tick
-        context.bind(
-            step_id=entry.step.step_id, attempt=entry.step.attempt, phase=entry.phase.value
-        )
+        self._bind(entry)
         if isinstance(got, StartCall):
             return self._start(run_id, index, entry, got, chained)
         if isinstance(got, (Poll, Proceed, Halt)):
@@ -340,6 +354,12 @@ class Stepper:
             return self._after_refusal(run_id)
 
     # -- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _bind(entry: Entry) -> None:
+        context.bind(
+            step_id=entry.step.step_id, attempt=entry.step.attempt, phase=entry.phase.value
+        )
+
     def _settle(
         self, run_id: str, index: int, tick: int, outcome: Outcome | EffectsDue, chained: bool
     ) -> Outcome:

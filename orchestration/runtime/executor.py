@@ -51,9 +51,15 @@ class Executor:
         self.queue = queue
 
     def __call__(
-        self, work: Callable[[Session], Done[T]], *, lock_timeout: float | None = None
+        self,
+        work: Callable[[Session], Done[T]],
+        *,
+        lock_timeout: float | None = None,
+        autocommit: bool = False,
     ) -> T:
-        with session_scope(self.settings.database_url, lock_timeout=lock_timeout) as session:
+        with session_scope(
+            self.settings.database_url, lock_timeout=lock_timeout, autocommit=autocommit
+        ) as session:
             done = work(session)
         if done.then:
             self.carry(done.then)

@@ -1,0 +1,140 @@
+"""A poll's entry on PostgreSQL is one statement with no transaction around it
+(``execution.poll_fence``), and what that statement cannot take goes on in the full entry.
+
+In-process against the module's PostgreSQL database (no worker: the stepper is driven as the
+step task drives it). Without ``ORCH_TEST_DATABASE_URL`` there is no PostgreSQL to run on and
+the module is skipped (with ``CI=true`` the suite refuses to start without it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from orchestration.db import get_engine
+from orchestration.execution import Halt, Poll, Stepper, poll_fence
+from orchestration.providers.scripted import START_CALLS, TURNS
+from orchestration.runtime.executor import Executor
+from orchestration.settings import Settings
+from tests.conftest import DATABASE_URL
+from tests.integration.conftest import Stack
+from tests.unit.support import (
+    T0,
+    Clock,
+    force,
+    launch,
+    run_row,
+    step_spec,
+    steps_of,
+    workflow,
+)
+
+pytestmark = pytest.mark.skipif(
+    not DATABASE_URL, reason="needs PostgreSQL (ORCH_TEST_DATABASE_URL): SQLite has no DML CTEs"
+)
+RUNNING = {"states": [["running", 100000], ["completed"]]}
+
+
+@dataclass
+class Sent:
+    #: ``(first word, whether the connection was in autocommit)`` per statement.
+    statements: list[tuple[str, bool]] = field(default_factory=list)
+
+
+@contextmanager
+def sent(settings: Settings) -> Iterator[Sent]:
+    """The statements sent to the engine's tables, and whether each ran in a transaction (on
+    PostgreSQL the scripted provider keeps its turns in the same database: its reads are the
+    provider's, not the engine's)."""
+    engine = get_engine(settings.database_url)
+    seen = Sent()
+
+    def statement(conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        if any(table.name in sql for table in (TURNS, START_CALLS)):
+            return
+        autocommit = bool(conn.connection.dbapi_connection.autocommit)
+        seen.statements.append((sql.split(None, 1)[0].upper(), autocommit))
+
+    event.listen(engine, "before_cursor_execute", statement)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", statement)
+
+
+def _polling(stack: Stack) -> tuple[Stepper, Clock, str, int]:
+    """A run whose turn started and keeps running, and the tick of its next poll."""
+    settings = stack.settings
+    clock = Clock(T0)
+    stepper = Stepper(settings, Executor(settings, None), clock=clock, worker="it", pid=1)
+    run_id = launch(settings, workflow(step_spec(with_=RUNNING)), now=T0)
+    started = stepper.advance(run_id, 0, 0)
+    assert isinstance(started, Poll), started
+    return stepper, clock, run_id, started.tick
+
+
+def test_postgresql_takes_the_fast_entry(stack: Stack) -> None:
+    assert poll_fence.available(stack.settings.database_url)
+
+
+def test_a_poll_is_one_statement_outside_a_transaction(stack: Stack) -> None:
+    stepper, clock, run_id, tick = _polling(stack)
+    clock.advance(3)
+    with sent(stack.settings) as seen:
+        again = stepper.advance(run_id, 0, tick)
+    assert again == Poll(again.countdown, tick + 1), again
+    assert seen.statements == [("WITH", True)]
+    step = steps_of(stack.settings, run_id)[0]
+    assert (step.polls, step.worker, step.worker_pid) == (tick + 1, "it", 1)
+    run = run_row(stack.settings, run_id)
+    assert (run.status, run.heartbeat_at, run.current_step) == ("running", clock(), 0)
+    assert run.deadline_at is not None and run.deadline_at > clock()
+
+
+def test_a_stale_delivery_writes_nothing(stack: Stack) -> None:
+    stepper, clock, run_id, tick = _polling(stack)
+    assert isinstance(stepper.advance(run_id, 0, tick), Poll)
+    before = run_row(stack.settings, run_id)
+    clock.advance(3)
+    with sent(stack.settings) as seen:
+        stale = stepper.advance(run_id, 0, tick)
+    assert stale == Halt("duplicate or stale delivery")
+    # The fast statement matched nothing; the full entry's fence then refused it too.
+    assert seen.statements[0] == ("WITH", True)
+    assert steps_of(stack.settings, run_id)[0].polls == tick + 1
+    assert run_row(stack.settings, run_id).heartbeat_at == before.heartbeat_at
+
+
+def test_a_fence_the_run_refuses_goes_on_in_the_full_entry(stack: Stack) -> None:
+    """A cancel requested: the statement fences the step but cannot stamp the run; the full
+    entry goes on from the tick it fenced and the execution honours the cancel."""
+    stepper, clock, run_id, tick = _polling(stack)
+    force(stack.settings, run_id, cancel_requested_at=clock())
+    clock.advance(1)
+    with sent(stack.settings) as seen:
+        outcome = stepper.advance(run_id, 0, tick)
+    assert outcome == Halt("cancel honoured", revoked=True)
+    assert seen.statements[0] == ("WITH", True)
+    assert all(not autocommit for _, autocommit in seen.statements[1:])
+    assert run_row(stack.settings, run_id).status == "cancelled"
+    step = steps_of(stack.settings, run_id)[0]
+    assert (step.status, step.polls) == ("cancelled", tick + 2)
+
+
+def test_a_parked_run_is_polled_through_the_full_entry(stack: Stack) -> None:
+    """Parked for a platform interrupt: the full entry stamps it on its status, and the poll
+    that sees the turn working again unparks it."""
+    stepper, clock, run_id, tick = _polling(stack)
+    force(stack.settings, run_id, status="parked", park_reason="platform_interrupt")
+    clock.advance(1)
+    with sent(stack.settings) as seen:
+        outcome = stepper.advance(run_id, 0, tick)
+    assert isinstance(outcome, Poll) and outcome.tick == tick + 2
+    assert seen.statements[0] == ("WITH", True)
+    run = run_row(stack.settings, run_id)
+    assert (run.status, run.park_reason, run.heartbeat_at) == ("running", None, clock())
