@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 import httpx
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -31,6 +31,23 @@ from orchestration.settings import Settings
 from orchestration.states import EffectStatus
 
 CHECKPOINT = "checkpoint"
+
+_CHECKPOINTS = cast(Table, Checkpoint.__table__)
+#: Built once (a step that finishes pays for binding, not building): an inline checkpoint's
+#: outbox row, and its stored checkpoint, once per attempt, by dialect (is it PostgreSQL?).
+_EFFECT_ROW = insert(cast(Table, Effect.__table__))
+_CHECKPOINT_ONCE = {
+    postgres: dialect_insert(_CHECKPOINTS)
+    .values(
+        run_id=bindparam("run_id"),
+        step_index=bindparam("step_index"),
+        attempt=bindparam("attempt"),
+        state=bindparam("state", type_=_CHECKPOINTS.c.state.type),
+        captured_at=bindparam("at", type_=_CHECKPOINTS.c.captured_at.type),
+    )
+    .on_conflict_do_nothing()
+    for postgres, dialect_insert in ((True, postgresql_insert), (False, sqlite_insert))
+}
 WEBHOOK = "webhook"
 
 
@@ -150,17 +167,18 @@ def record_capture(
     state, error = captured
     values = _after_attempt(settings, 0, error, now)
     session.execute(
-        insert(Effect).values(
-            run_id=step.run_id,
-            step_index=step.index,
-            attempt=step.attempt,
-            kind=CHECKPOINT,
-            attempts=1,
-            max_attempts=settings.effect_attempts,
-            created_at=now,
-            updated_at=now,
+        _EFFECT_ROW,
+        {
+            "run_id": step.run_id,
+            "step_index": step.index,
+            "attempt": step.attempt,
+            "kind": CHECKPOINT,
+            "attempts": 1,
+            "max_attempts": settings.effect_attempts,
+            "created_at": now,
+            "updated_at": now,
             **values,
-        )
+        },
     )
     if error is None:
         _store_checkpoint(session, step.run_id, step.index, step.attempt, state, now)
@@ -264,14 +282,9 @@ def _store_checkpoint(
 ) -> None:
     """Store the checkpoint once per step attempt: a second capture of the same attempt (a
     retried effect whose first success was not recorded) is a no-op."""
-    table = cast(Table, Checkpoint.__table__)
-    insert_for = (
-        postgresql_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    )
     session.execute(
-        insert_for(table)
-        .values(run_id=run_id, step_index=index, attempt=attempt, state=state, captured_at=now)
-        .on_conflict_do_nothing()
+        _CHECKPOINT_ONCE[session.get_bind().dialect.name == "postgresql"],
+        {"run_id": run_id, "step_index": index, "attempt": attempt, "state": state, "at": now},
     )
 
 

@@ -11,12 +11,14 @@ only ever match a live row.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import ColumnElement, Table, Update, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ClauseElement
 
 from orchestration.errors import IllegalTransition, RunNotFound
 from orchestration.models import Run, RunEvent, Step
@@ -39,13 +41,68 @@ _CAS_TRIES = 5
 
 _LIVE_RUN = [s.value for s in RUN_LIVE]
 #: Built once: every transition writes one (binding is cheaper than building it again).
-_JOURNAL = insert(RunEvent).values(
+_JOURNAL = insert(cast(Table, RunEvent.__table__)).values(
     {
         name: bindparam(name)
         for name in ("run_id", "step_id", "from_status", "to_status", "cause", "stop_reason", "at")
     }
 )
 _LIVE_STEP = [s.value for s in STEP_LIVE]
+_TABLES: dict[str, Table] = {"runs": Run.__table__, "steps": Step.__table__}  # type: ignore[dict-item]
+#: ``started_at`` is written only the first time a row starts running.
+_FIRST_START = "started_at"
+
+
+@functools.lru_cache(maxsize=256)
+def _guarded(table_name: str, live: bool, columns: tuple[str, ...], first_start: bool) -> Update:
+    """The compare-and-set ``UPDATE`` of ``columns`` on one row (``w_key``): on the status it
+    was seen in (``w_seen``), or on any live status (``live``). Built once per shape, on the
+    table: a status write then pays only for binding its values, not for building the
+    statement, generating its cache key and the ORM's bulk-update bookkeeping."""
+    table = _TABLES[table_name]
+    key = table.c.id if table_name == "runs" else table.c.pk
+    allowed = _LIVE_RUN if table_name == "runs" else _LIVE_STEP
+    guard = table.c.status.in_(allowed) if live else table.c.status == bindparam("w_seen")
+    sets: dict[str, ColumnElement[Any]] = {
+        column: bindparam(f"v_{column}", type_=table.c[column].type) for column in columns
+    }
+    if first_start:
+        sets[_FIRST_START] = func.coalesce(
+            table.c.started_at, bindparam("v_first_start", type_=table.c.started_at.type)
+        )
+    return update(table).where(key == bindparam("w_key"), guard).values(sets)
+
+
+def _write(
+    session: Session,
+    table_name: str,
+    key: object,
+    values: Mapping[str, Any],
+    *,
+    seen: str | None = None,
+    first_start: datetime | None = None,
+) -> int:
+    """Run the guarded update of ``values``; the number of rows it matched (0 or 1). A value
+    that is an SQL expression is a caller's own: that write is built for the call."""
+    if any(isinstance(value, ClauseElement) for value in values.values()):
+        table = _TABLES[table_name]
+        row = table.c.id if table_name == "runs" else table.c.pk
+        allowed = _LIVE_RUN if table_name == "runs" else _LIVE_STEP
+        written = dict(values)
+        if first_start is not None:
+            written.setdefault(_FIRST_START, func.coalesce(table.c.started_at, first_start))
+        guard = table.c.status.in_(allowed) if seen is None else table.c.status == seen
+        done = session.execute(update(table).where(row == key, guard).values(written))
+        return int(done.rowcount)  # type: ignore[attr-defined]
+    first = first_start is not None and _FIRST_START not in values
+    statement = _guarded(table_name, seen is None, tuple(values), first)
+    params = {f"v_{column}": value for column, value in values.items()}
+    params["w_key"] = key
+    if seen is not None:
+        params["w_seen"] = seen
+    if first:
+        params["v_first_start"] = first_start
+    return int(session.execute(statement, params).rowcount)  # type: ignore[attr-defined]
 
 
 def transition_run(
@@ -86,8 +143,7 @@ def transition_run(
             parked_since=None,
             waiting_until=None,
         )
-    if to is RunStatus.RUNNING:
-        row_values.setdefault("started_at", func.coalesce(Run.started_at, now))
+    first_start = now if to is RunStatus.RUNNING else None
     current: str | None = None
     for _ in range(_CAS_TRIES):
         if seen is None:
@@ -98,13 +154,7 @@ def transition_run(
         current = seen.value
         if to not in RUN_TRANSITIONS[seen] or (expect is not None and seen not in expect):
             raise IllegalTransition("run", run_id, current, to.value)
-        done = session.execute(
-            update(Run)
-            .where(Run.id == run_id, Run.status == seen.value)
-            .values(**row_values)
-            .execution_options(synchronize_session=False)
-        )
-        if done.rowcount == 1:  # type: ignore[attr-defined]
+        if _write(session, "runs", run_id, row_values, seen=seen.value, first_start=first_start):
             _journal(session, run_id, None, seen.value, to.value, cause, now, row_values)
             return seen
         seen = None
@@ -143,8 +193,7 @@ def transition_step(
     row_values: dict[str, Any] = {"status": to.value, "updated_at": now, **(values or {})}
     if to in STEP_TERMINAL:
         row_values.update(finished_at=now, next_poll_at=None)
-    if to is StepStatus.RUNNING:
-        row_values.setdefault("started_at", func.coalesce(Step.started_at, now))
+    first_start = now if to is StepStatus.RUNNING else None
     current: str | None = None
     for _ in range(_CAS_TRIES):
         if seen is None:
@@ -155,13 +204,7 @@ def transition_step(
         current = seen.value
         if to not in STEP_TRANSITIONS[seen] or (expect is not None and seen not in expect):
             raise IllegalTransition("step", f"{step.run_id}/{step.step_id}", current, to.value)
-        done = session.execute(
-            update(Step)
-            .where(Step.pk == step.pk, Step.status == seen.value)
-            .values(**row_values)
-            .execution_options(synchronize_session=False)
-        )
-        if done.rowcount == 1:  # type: ignore[attr-defined]
+        if _write(session, "steps", step.pk, row_values, seen=seen.value, first_start=first_start):
             _journal(session, step.run_id, step.step_id, seen.value, to.value, cause, now, {})
             return seen
         seen = None
@@ -195,13 +238,7 @@ def _journal(
 
 def touch_run(session: Session, run_id: str, now: datetime, **values: Any) -> bool:
     """Write non-status columns of a live run; ``False`` when the run is terminal (or gone)."""
-    done = session.execute(
-        update(Run)
-        .where(Run.id == run_id, Run.status.in_(_LIVE_RUN))
-        .values(updated_at=now, **values)
-        .execution_options(synchronize_session=False)
-    )
-    return bool(done.rowcount == 1)  # type: ignore[attr-defined]
+    return _write(session, "runs", run_id, {"updated_at": now, **values}) == 1
 
 
 def lock_run(session: Session, run_id: str, now: datetime) -> bool:
@@ -216,10 +253,4 @@ def lock_run(session: Session, run_id: str, now: datetime) -> bool:
 
 def touch_step(session: Session, step: StepKey, now: datetime, **values: Any) -> bool:
     """Write non-status columns of a live step; ``False`` when the step is terminal."""
-    done = session.execute(
-        update(Step)
-        .where(Step.pk == step.pk, Step.status.in_(_LIVE_STEP))
-        .values(updated_at=now, **values)
-        .execution_options(synchronize_session=False)
-    )
-    return bool(done.rowcount == 1)  # type: ignore[attr-defined]
+    return _write(session, "steps", step.pk, {"updated_at": now, **values}) == 1

@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, select, update
+from sqlalchemy import Integer, Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from orchestration import deadlines, specs
@@ -32,16 +32,18 @@ from orchestration.states import (
 from orchestration.step_specs import StepSpec
 
 _LIVE_STEPS = [status.value for status in STEP_LIVE]
+_STEPS: Table = Step.__table__  # type: ignore[assignment]
+_RUNS: Table = Run.__table__  # type: ignore[assignment]
 
-# The two statements of every execution, built once: a poll then pays only for binding its
-# parameters, not for constructing and hashing the statement again.
+# The two statements of every execution, built once and on the tables (no ORM bookkeeping): a
+# poll then pays only for binding its parameters, not for constructing and hashing them.
 _FENCE = (
-    update(Step)
+    update(_STEPS)
     .where(
-        Step.run_id == bindparam("b_run"),
-        Step.index == bindparam("b_index"),
-        Step.polls == bindparam("b_tick"),
-        Step.status.in_(_LIVE_STEPS),
+        _STEPS.c.run_id == bindparam("b_run"),
+        _STEPS.c.index == bindparam("b_index"),
+        _STEPS.c.polls == bindparam("b_tick"),
+        _STEPS.c.status.in_(_LIVE_STEPS),
     )
     .values(
         polls=bindparam("b_tick", type_=Integer) + 1,
@@ -50,27 +52,26 @@ _FENCE = (
         updated_at=bindparam("b_now"),
     )
     .returning(
-        Step.pk,
-        Step.step_id,
-        Step.provider,
-        Step.status,
-        Step.provider_run_id,
-        Step.idempotency_key,
-        Step.attempt,
-        Step.started_at,
-        Step.last_provider_status,
-        Step.start_claimed_at,
-        Step.retry_at,
-        Step.turn_stop,
+        _STEPS.c.pk,
+        _STEPS.c.step_id,
+        _STEPS.c.provider,
+        _STEPS.c.status,
+        _STEPS.c.provider_run_id,
+        _STEPS.c.idempotency_key,
+        _STEPS.c.attempt,
+        _STEPS.c.started_at,
+        _STEPS.c.last_provider_status,
+        _STEPS.c.start_claimed_at,
+        _STEPS.c.retry_at,
+        _STEPS.c.turn_stop,
     )
-    .execution_options(synchronize_session=False)
 )
 _STAMP_RUNNING = (
-    update(Run)
+    update(_RUNS)
     .where(
-        Run.id == bindparam("run"),
-        Run.status == RunStatus.RUNNING.value,
-        Run.cancel_requested_at.is_(None),
+        _RUNS.c.id == bindparam("run"),
+        _RUNS.c.status == RunStatus.RUNNING.value,
+        _RUNS.c.cancel_requested_at.is_(None),
     )
     .values(
         heartbeat_at=bindparam("now"),
@@ -78,8 +79,7 @@ _STAMP_RUNNING = (
         updated_at=bindparam("now"),
         deadline_at=bindparam("deadline"),
     )
-    .returning(Run.park_reason)
-    .execution_options(synchronize_session=False)
+    .returning(_RUNS.c.park_reason)
 )
 
 
