@@ -16,7 +16,7 @@ import uuid
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, select, text, update
+from sqlalchemy import Table, and_, bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from orchestration import deadlines, specs
@@ -32,6 +32,45 @@ SEGMENT_LINKS = 2
 #: A literal condition (an IN list cannot be expanded inside an executemany).
 _LIVE_STEP_SQL = text(
     "status IN ({})".format(", ".join(f"'{status.value}'" for status in sorted(STEP_LIVE)))
+)
+
+
+_STEPS = cast(Table, Step.__table__)
+#: A segment's task ids, one executemany.
+_TASK_IDS = (
+    update(_STEPS)
+    .where(
+        _STEPS.c.run_id == bindparam("b_run"),
+        _STEPS.c.index == bindparam("step_index"),
+        _LIVE_STEP_SQL,
+    )
+    .values(celery_task_id=bindparam("task_id"), updated_at=bindparam("b_now"))
+)
+#: The run's columns an arming writes from, and its first live step from ``first`` on (none:
+#: ``first_index`` is NULL), in one statement built once.
+_FIRST_LIVE = (
+    select(
+        Run.task_ids,
+        Run.status,
+        Run.park_reason,
+        Run.parked_since,
+        Run.waiting_until,
+        Run.cancel_requested_at,
+        Step.index.label("first_index"),
+        Step.polls.label("first_polls"),
+    )
+    .select_from(Run)
+    .outerjoin(
+        Step,
+        and_(
+            Step.run_id == Run.id,
+            Step.status.in_([status.value for status in STEP_LIVE]),
+            Step.index >= bindparam("first"),
+        ),
+    )
+    .where(Run.id == bindparam("run"))
+    .order_by(Step.index)
+    .limit(1)
 )
 
 
@@ -65,25 +104,12 @@ def arm(
     """
     # Read the columns as they are now (transitions write SQL directly: ``answer`` has just
     # reset the step's start, for one), and not the workflow: its specs are cached.
-    query = select(Step.index, Step.polls).where(
-        Step.run_id == run.id, Step.status.in_([s.value for s in STEP_LIVE])
-    )
-    if first_index is not None:
-        query = query.where(Step.index >= first_index)
-    found = session.execute(query.order_by(Step.index).limit(1)).first()
-    if found is None:
-        return Followups()
-    start, polls = found
     row = session.execute(
-        select(
-            Run.task_ids,
-            Run.status,
-            Run.park_reason,
-            Run.parked_since,
-            Run.waiting_until,
-            Run.cancel_requested_at,
-        ).where(Run.id == run.id)
-    ).one()
+        _FIRST_LIVE, {"run": run.id, "first": 0 if first_index is None else first_index}
+    ).first()
+    if row is None or row.first_index is None:
+        return Followups()
+    start, polls = row.first_index, row.first_polls
     steps = specs.of_run(session, run.id)
     plan = plan_chain(run.id, start, len(steps), polls)
     values: dict[str, Any] = {
@@ -107,11 +133,11 @@ def arm(
     touch_run(session, run.id, now, **values)
     # One executemany for the segment; guarded like every step write: only live steps take a
     # task id, and a step's index is its position in the run.
-    table = cast(Table, Step.__table__)
     session.execute(
-        update(table)
-        .where(table.c.run_id == run.id, table.c.index == bindparam("step_index"), _LIVE_STEP_SQL)
-        .values(celery_task_id=bindparam("task_id"), updated_at=now),
-        [{"step_index": link.index, "task_id": link.task_id} for link in plan.links],
+        _TASK_IDS,
+        [
+            {"b_run": run.id, "b_now": now, "step_index": link.index, "task_id": link.task_id}
+            for link in plan.links
+        ],
     )
     return Followups(chains=(plan,))

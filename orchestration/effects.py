@@ -33,9 +33,16 @@ from orchestration.states import EffectStatus
 CHECKPOINT = "checkpoint"
 
 _CHECKPOINTS = cast(Table, Checkpoint.__table__)
+_EFFECTS = cast(Table, Effect.__table__)
+_OUTBOX_COLUMNS = (
+    "run_id", "step_index", "attempt", "kind", "attempts", "max_attempts", "created_at",
+    "updated_at", "status", "last_error", "next_attempt_at",
+)  # fmt: skip
 #: Built once (a step that finishes pays for binding, not building): an inline checkpoint's
 #: outbox row, and its stored checkpoint, once per attempt, by dialect (is it PostgreSQL?).
-_EFFECT_ROW = insert(cast(Table, Effect.__table__))
+_EFFECT_ROW = insert(_EFFECTS).values(
+    {name: bindparam(f"e_{name}", type_=_EFFECTS.c[name].type) for name in _OUTBOX_COLUMNS}
+)
 _CHECKPOINT_ONCE = {
     postgres: dialect_insert(_CHECKPOINTS)
     .values(
@@ -48,6 +55,9 @@ _CHECKPOINT_ONCE = {
     .on_conflict_do_nothing()
     for postgres, dialect_insert in ((True, postgresql_insert), (False, sqlite_insert))
 }
+#: PostgreSQL: a captured checkpoint's outbox row and the checkpoint in one statement (the
+#: outbox row as a data-modifying CTE).
+_CAPTURED = _CHECKPOINT_ONCE[True].add_cte(_EFFECT_ROW.cte("outbox_row"))
 WEBHOOK = "webhook"
 
 
@@ -166,20 +176,23 @@ def record_capture(
     is the step attempt's only effect (no webhook is configured, see :func:`inline`)."""
     state, error = captured
     values = _after_attempt(settings, 0, error, now)
-    session.execute(
-        _EFFECT_ROW,
-        {
-            "run_id": step.run_id,
-            "step_index": step.index,
-            "attempt": step.attempt,
-            "kind": CHECKPOINT,
-            "attempts": 1,
-            "max_attempts": settings.effect_attempts,
-            "created_at": now,
-            "updated_at": now,
-            **values,
-        },
-    )
+    outbox = {
+        "run_id": step.run_id,
+        "step_index": step.index,
+        "attempt": step.attempt,
+        "kind": CHECKPOINT,
+        "attempts": 1,
+        "max_attempts": settings.effect_attempts,
+        "created_at": now,
+        "updated_at": now,
+        **values,
+    }
+    row = {f"e_{name}": value for name, value in outbox.items()}
+    if error is None and session.get_bind().dialect.name == "postgresql":
+        checkpoint = {"run_id": step.run_id, "step_index": step.index, "attempt": step.attempt}
+        session.execute(_CAPTURED, {**row, **checkpoint, "state": state, "at": now})
+        return Progress(settled=True, exhausted=[], next_due=None)
+    session.execute(_EFFECT_ROW, row)
     if error is None:
         _store_checkpoint(session, step.run_id, step.index, step.attempt, state, now)
         return Progress(settled=True, exhausted=[], next_due=None)

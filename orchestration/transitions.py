@@ -16,7 +16,17 @@ from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any, Protocol, cast
 
-from sqlalchemy import ColumnElement, Table, Update, bindparam, func, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Insert,
+    Table,
+    Update,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ClauseElement
 
@@ -40,13 +50,10 @@ from orchestration.states import (
 _CAS_TRIES = 5
 
 _LIVE_RUN = [s.value for s in RUN_LIVE]
+_EVENTS = cast(Table, RunEvent.__table__)
+_JOURNALED = ("run_id", "step_id", "from_status", "to_status", "cause", "stop_reason", "at")
 #: Built once: every transition writes one (binding is cheaper than building it again).
-_JOURNAL = insert(cast(Table, RunEvent.__table__)).values(
-    {
-        name: bindparam(name)
-        for name in ("run_id", "step_id", "from_status", "to_status", "cause", "stop_reason", "at")
-    }
-)
+_JOURNAL = insert(_EVENTS).values({name: bindparam(name) for name in _JOURNALED})
 _LIVE_STEP = [s.value for s in STEP_LIVE]
 _TABLES: dict[str, Table] = {"runs": Run.__table__, "steps": Step.__table__}  # type: ignore[dict-item]
 #: ``started_at`` is written only the first time a row starts running.
@@ -54,11 +61,17 @@ _FIRST_START = "started_at"
 
 
 @functools.lru_cache(maxsize=256)
-def _guarded(table_name: str, live: bool, columns: tuple[str, ...], first_start: bool) -> Update:
+def _guarded(
+    table_name: str, live: bool, columns: tuple[str, ...], first_start: bool, journaled: bool
+) -> Update | Insert:
     """The compare-and-set ``UPDATE`` of ``columns`` on one row (``w_key``): on the status it
     was seen in (``w_seen``), or on any live status (``live``). Built once per shape, on the
     table: a status write then pays only for binding its values, not for building the
-    statement, generating its cache key and the ORM's bulk-update bookkeeping."""
+    statement, generating its cache key and the ORM's bulk-update bookkeeping.
+
+    ``journaled`` (PostgreSQL): the update is a data-modifying CTE and the statement is the
+    journal row's ``INSERT … SELECT … FROM moved RETURNING id``, so a transition is one round
+    trip and the journal row exists exactly when the row moved."""
     table = _TABLES[table_name]
     key = table.c.id if table_name == "runs" else table.c.pk
     allowed = _LIVE_RUN if table_name == "runs" else _LIVE_STEP
@@ -70,7 +83,15 @@ def _guarded(table_name: str, live: bool, columns: tuple[str, ...], first_start:
         sets[_FIRST_START] = func.coalesce(
             table.c.started_at, bindparam("v_first_start", type_=table.c.started_at.type)
         )
-    return update(table).where(key == bindparam("w_key"), guard).values(sets)
+    moved = update(table).where(key == bindparam("w_key"), guard).values(sets)
+    if not journaled:
+        return moved
+    cte = moved.returning(key).cte("moved")
+    row = select(*(bindparam(f"j_{name}", type_=_EVENTS.c[name].type) for name in _JOURNALED))
+    journal = insert(_EVENTS).from_select(list(_JOURNALED), row.select_from(cte))
+    # The journal row's id says that the row moved: a row count of ``INSERT … SELECT`` under
+    # a CTE is not reported (``-1``).
+    return journal.add_cte(cte).returning(_EVENTS.c.id)
 
 
 def _write(
@@ -81,9 +102,11 @@ def _write(
     *,
     seen: str | None = None,
     first_start: datetime | None = None,
+    journal: Mapping[str, Any] | None = None,
 ) -> int:
-    """Run the guarded update of ``values``; the number of rows it matched (0 or 1). A value
-    that is an SQL expression is a caller's own: that write is built for the call."""
+    """Run the guarded update of ``values`` and, if it matched, write the ``journal`` row;
+    the number of rows it matched (0 or 1). A value that is an SQL expression is a caller's
+    own: that write is built for the call."""
     if any(isinstance(value, ClauseElement) for value in values.values()):
         table = _TABLES[table_name]
         row = table.c.id if table_name == "runs" else table.c.pk
@@ -93,16 +116,29 @@ def _write(
             written.setdefault(_FIRST_START, func.coalesce(table.c.started_at, first_start))
         guard = table.c.status.in_(allowed) if seen is None else table.c.status == seen
         done = session.execute(update(table).where(row == key, guard).values(written))
-        return int(done.rowcount)  # type: ignore[attr-defined]
+        matched = int(done.rowcount)  # type: ignore[attr-defined]
+        if matched and journal is not None:
+            session.execute(_JOURNAL, journal)
+        return matched
     first = first_start is not None and _FIRST_START not in values
-    statement = _guarded(table_name, seen is None, tuple(values), first)
+    together = journal is not None and session.get_bind().dialect.name == "postgresql"
+    statement = _guarded(table_name, seen is None, tuple(values), first, together)
     params = {f"v_{column}": value for column, value in values.items()}
     params["w_key"] = key
     if seen is not None:
         params["w_seen"] = seen
     if first:
         params["v_first_start"] = first_start
-    return int(session.execute(statement, params).rowcount)  # type: ignore[attr-defined]
+    if together:
+        assert journal is not None
+        params.update({f"j_{name}": value for name, value in journal.items()})
+    done = session.execute(statement, params)
+    if together:
+        return len(done.all())
+    matched = int(done.rowcount)  # type: ignore[attr-defined]
+    if matched and journal is not None:
+        session.execute(_JOURNAL, journal)
+    return matched
 
 
 def transition_run(
@@ -154,8 +190,16 @@ def transition_run(
         current = seen.value
         if to not in RUN_TRANSITIONS[seen] or (expect is not None and seen not in expect):
             raise IllegalTransition("run", run_id, current, to.value)
-        if _write(session, "runs", run_id, row_values, seen=seen.value, first_start=first_start):
-            _journal(session, run_id, None, seen.value, to.value, cause, now, row_values)
+        journal = _journal(run_id, None, seen.value, to.value, cause, now, row_values)
+        if _write(
+            session,
+            "runs",
+            run_id,
+            row_values,
+            seen=seen.value,
+            first_start=first_start,
+            journal=journal,
+        ):
             return seen
         seen = None
     raise IllegalTransition("run", run_id, current, to.value)
@@ -204,15 +248,22 @@ def transition_step(
         current = seen.value
         if to not in STEP_TRANSITIONS[seen] or (expect is not None and seen not in expect):
             raise IllegalTransition("step", f"{step.run_id}/{step.step_id}", current, to.value)
-        if _write(session, "steps", step.pk, row_values, seen=seen.value, first_start=first_start):
-            _journal(session, step.run_id, step.step_id, seen.value, to.value, cause, now, {})
+        journal = _journal(step.run_id, step.step_id, seen.value, to.value, cause, now, {})
+        if _write(
+            session,
+            "steps",
+            step.pk,
+            row_values,
+            seen=seen.value,
+            first_start=first_start,
+            journal=journal,
+        ):
             return seen
         seen = None
     raise IllegalTransition("step", f"{step.run_id}/{step.step_id}", current, to.value)
 
 
 def _journal(
-    session: Session,
     run_id: str,
     step_id: str | None,
     from_status: str,
@@ -220,20 +271,17 @@ def _journal(
     cause: str,
     now: datetime,
     values: Mapping[str, Any],
-) -> None:
-    """The journal row of a transition, in the same transaction (one INSERT, no flush)."""
-    session.execute(
-        _JOURNAL,
-        {
-            "run_id": run_id,
-            "step_id": step_id,
-            "from_status": from_status,
-            "to_status": to_status,
-            "cause": cause,
-            "stop_reason": values.get("stop_reason"),
-            "at": now,
-        },
-    )
+) -> dict[str, Any]:
+    """The journal row of a transition, written in the same transaction as the move."""
+    return {
+        "run_id": run_id,
+        "step_id": step_id,
+        "from_status": from_status,
+        "to_status": to_status,
+        "cause": cause,
+        "stop_reason": values.get("stop_reason"),
+        "at": now,
+    }
 
 
 def touch_run(session: Session, run_id: str, now: datetime, **values: Any) -> bool:

@@ -4,8 +4,9 @@ The fence is ``UPDATE steps SET polls = tick + 1 WHERE polls = tick``, returning
 needs. The tick travels in the message, so of two deliveries of the same message (acks_late,
 visibility-timeout redelivery, a re-arm racing a late original) exactly one proceeds and the
 other halts without writing. The stamp writes the heartbeat and the deadline with a
-compare-and-set on the run's status: for a running run (every poll) it is one statement; any
-other status is read first and stamped on the status it was read in.
+compare-and-set on the run's status: for a running run (every poll) it is one statement (on
+PostgreSQL the fence and that stamp are one statement, see ``fence``); any other status is
+read first and stamped on the status it was read in.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Integer, Table, bindparam, select, update
+from sqlalchemy import select, update
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
 from orchestration import deadlines, specs
+from orchestration.execution import fence
 from orchestration.execution.outcomes import Halt
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
@@ -32,55 +35,6 @@ from orchestration.states import (
 from orchestration.step_specs import StepSpec
 
 _LIVE_STEPS = [status.value for status in STEP_LIVE]
-_STEPS: Table = Step.__table__  # type: ignore[assignment]
-_RUNS: Table = Run.__table__  # type: ignore[assignment]
-
-# The two statements of every execution, built once and on the tables (no ORM bookkeeping): a
-# poll then pays only for binding its parameters, not for constructing and hashing them.
-_FENCE = (
-    update(_STEPS)
-    .where(
-        _STEPS.c.run_id == bindparam("b_run"),
-        _STEPS.c.index == bindparam("b_index"),
-        _STEPS.c.polls == bindparam("b_tick"),
-        _STEPS.c.status.in_(_LIVE_STEPS),
-    )
-    .values(
-        polls=bindparam("b_tick", type_=Integer) + 1,
-        worker=bindparam("b_worker"),
-        worker_pid=bindparam("b_pid"),
-        updated_at=bindparam("b_now"),
-    )
-    .returning(
-        _STEPS.c.pk,
-        _STEPS.c.step_id,
-        _STEPS.c.provider,
-        _STEPS.c.status,
-        _STEPS.c.provider_run_id,
-        _STEPS.c.idempotency_key,
-        _STEPS.c.attempt,
-        _STEPS.c.started_at,
-        _STEPS.c.last_provider_status,
-        _STEPS.c.start_claimed_at,
-        _STEPS.c.retry_at,
-        _STEPS.c.turn_stop,
-    )
-)
-_STAMP_RUNNING = (
-    update(_RUNS)
-    .where(
-        _RUNS.c.id == bindparam("run"),
-        _RUNS.c.status == RunStatus.RUNNING.value,
-        _RUNS.c.cancel_requested_at.is_(None),
-    )
-    .values(
-        heartbeat_at=bindparam("now"),
-        current_step=bindparam("index"),
-        updated_at=bindparam("now"),
-        deadline_at=bindparam("deadline"),
-    )
-    .returning(_RUNS.c.park_reason)
-)
 
 
 class Phase(StrEnum):
@@ -138,22 +92,36 @@ def enter(
 ) -> Entry | Halt:
     """Fence the step with ``tick`` and stamp the run; a :class:`Halt` when this delivery
     must not proceed (a duplicate, a stale one, or the run or step has ended)."""
-    fenced = session.execute(
-        _FENCE,
-        {
-            "b_run": run_id,
-            "b_index": index,
-            "b_tick": tick,
-            "b_worker": worker,
-            "b_pid": pid,
-            "b_now": now,
-        },
-    ).first()
+    deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
+    bound = fence.params(run_id, index, tick, now, deadline, worker, pid)
+    if fence.together(session):
+        fenced = session.execute(fence.FENCE_AND_STAMP, bound).first()
+        stamped = fenced is not None and bool(fenced.stamped)
+    else:
+        fenced = session.execute(fence.FENCE, bound).first()
+        stamped = fenced is not None and (
+            session.execute(fence.STAMP_RUNNING, bound).first() is not None
+        )
     if fenced is None:
         return _why_not(session, run_id, index)
+    step = step_row(fenced, run_id, index)
+    spec = specs.of_run(session, run_id)[index]
+    if stamped:
+        return Entry(
+            _phase(step, RunStatus.RUNNING, None, None, index),
+            tick + 1,
+            step,
+            spec,
+            RunStatus.RUNNING,
+        )
+    return _stamp_other(session, settings, run_id, index, step, spec, tick, now)
+
+
+def step_row(fenced: Row[Any], run_id: str, index: int) -> StepRow:
+    """The step as the fence returned it (``fence.FENCE``'s ``RETURNING`` columns first)."""
     (pk, step_id, provider, status, run_turn, key, attempt, started_at, last, claimed,
-     retry_at, turn_stop) = fenced  # fmt: skip
-    step = StepRow(
+     retry_at, turn_stop) = tuple(fenced)[:12]  # fmt: skip
+    return StepRow(
         pk,
         run_id,
         step_id,
@@ -169,25 +137,6 @@ def enter(
         turn_stop=turn_stop,
         index=index,
     )
-    spec = specs.of_run(session, run_id)[index]
-    stamped = session.execute(
-        _STAMP_RUNNING,
-        {
-            "run": run_id,
-            "index": index,
-            "now": now,
-            "deadline": deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now),
-        },
-    ).first()
-    if stamped is not None:
-        return Entry(
-            _phase(step, RunStatus.RUNNING, None, None, index),
-            tick + 1,
-            step,
-            spec,
-            RunStatus.RUNNING,
-        )
-    return _stamp_other(session, settings, run_id, index, step, spec, tick, now)
 
 
 def _stamp_other(

@@ -162,7 +162,8 @@ def complete(
         "heartbeat_at": now,
         "deadline_at": deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now),
     }
-    if run.status == RunStatus.WAITING:
+    waiting = run.status == RunStatus.WAITING
+    if waiting:
         transition_run(
             session,
             run.id,
@@ -172,9 +173,11 @@ def complete(
             values=moved,
             seen=RunStatus.WAITING,
         )
-    else:
-        touch_run(session, run.id, now, **moved)
     then = Followups()
     if not chained:
         then = chains.arm(session, settings, run, now=now, first_index=step.index + 1)
+    if not waiting and not then.chains:
+        # Arming a segment stamps the run as ``moved`` does (heartbeat, current step and the
+        # deadline for its status): one write of the run row, not two.
+        touch_run(session, run.id, now, **moved)
     return Done(Proceed(), then)

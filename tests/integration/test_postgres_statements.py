@@ -1,5 +1,6 @@
-"""A poll's entry on PostgreSQL is one statement with no transaction around it
-(``execution.poll_fence``), and what that statement cannot take goes on in the full entry.
+"""What PostgreSQL does in one statement: a poll's entry with no transaction around it
+(``execution.poll_fence``; what that statement cannot take goes on in the full entry), and a
+transition with its journal row (``transitions``), which exists exactly when the row moved.
 
 In-process against the module's PostgreSQL database (no worker: the stepper is driven as the
 step task drives it). Without ``ORCH_TEST_DATABASE_URL`` there is no PostgreSQL to run on and
@@ -16,16 +17,20 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from orchestration.db import get_engine
+from orchestration.db import get_engine, session_scope
+from orchestration.errors import IllegalTransition
 from orchestration.execution import Halt, Poll, Stepper, poll_fence
 from orchestration.providers.scripted import START_CALLS, TURNS
 from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
+from orchestration.states import RunStatus, StepStatus
+from orchestration.transitions import transition_run, transition_step
 from tests.conftest import DATABASE_URL
 from tests.integration.conftest import Stack
 from tests.unit.support import (
     T0,
     Clock,
+    events_of,
     force,
     launch,
     run_row,
@@ -138,3 +143,31 @@ def test_a_parked_run_is_polled_through_the_full_entry(stack: Stack) -> None:
     assert seen.statements[0] == ("WITH", True)
     run = run_row(stack.settings, run_id)
     assert (run.status, run.park_reason, run.heartbeat_at) == ("running", None, clock())
+
+
+def test_a_transition_is_one_statement_that_journals_only_a_move(stack: Stack) -> None:
+    """The first compare-and-set is tried on a status the step is not in: it moves nothing
+    and journals nothing; the second, on the status read back, moves it and journals once."""
+    settings = stack.settings
+    run_id = launch(settings, workflow(step_spec(with_=RUNNING)), now=T0)
+    step = steps_of(settings, run_id)[0]
+    with sent(settings) as seen, session_scope(settings.database_url) as session:
+        left = transition_step(
+            session, step, StepStatus.RUNNING, cause="test", now=T0, seen=StepStatus.RETRYING
+        )
+    assert left is StepStatus.PENDING
+    assert [word for word, _ in seen.statements] == ["WITH", "SELECT", "WITH"]
+    moves = [e for e in events_of(settings, run_id) if e.step_id == step.step_id]
+    assert [(e.from_status, e.to_status) for e in moves] == [("pending", "running")]
+    assert steps_of(settings, run_id)[0].status == "running"
+
+
+def test_a_refused_transition_journals_nothing(stack: Stack) -> None:
+    settings = stack.settings
+    run_id = launch(settings, workflow(step_spec(with_=RUNNING)), now=T0)
+    force(settings, run_id, status="cancelled", stop_reason="cancel_requested")
+    before = len(events_of(settings, run_id))
+    with pytest.raises(IllegalTransition), session_scope(settings.database_url) as session:
+        transition_run(session, run_id, RunStatus.RUNNING, cause="test", now=T0)
+    assert len(events_of(settings, run_id)) == before
+    assert run_row(settings, run_id).status == "cancelled"
