@@ -50,6 +50,7 @@ from sqlalchemy import (
     String,
     Table,
     bindparam,
+    literal,
     select,
     update,
 )
@@ -58,8 +59,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from orchestration.db import get_engine, normalize_url, session_scope, utcnow
-from orchestration.errors import RetryableProviderError, ValidationError
+from orchestration.errors import RetryableProviderError
 from orchestration.models import UTCDateTime
+from orchestration.providers import scripted_options
 from orchestration.providers.base import JSON as JSONValue
 from orchestration.providers.base import (
     ProviderStatus,
@@ -102,19 +104,6 @@ _TURN = select(TURNS).where(TURNS.c.key == bindparam("key"))
 
 _DEFAULT_STATES: list[list[Any]] = [["running", 1], ["completed"]]
 _DEFAULT_RESUME_STATES: list[list[Any]] = [["completed"]]
-_KNOWN_OPTIONS = {
-    "states",
-    "output",
-    "error",
-    "prompt",
-    "reset_after",
-    "cancel_delay",
-    "resume_states",
-    "resume_output",
-    "poll_delay",
-    "checkpoint_fails",
-    "attempt_states",
-}
 
 
 def store_url(settings: Settings) -> str:
@@ -132,37 +121,6 @@ def store_url(settings: Settings) -> str:
         stem = database[:-3] if database.endswith(".db") else database
         return url.set(database=f"{stem}.scripted.db").render_as_string(hide_password=False)
     return settings.database_url
-
-
-#: Longest duration a script may state (about 115 days): beyond it ``timedelta`` overflows.
-MAX_SECONDS = 10_000_000
-
-
-def _number(options: Mapping[str, Any], name: str, field: str | None = None) -> None:
-    value = options.get(name)
-    if value is not None and (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 <= value <= MAX_SECONDS
-    ):
-        raise ValidationError(field or name, f"must be a number of seconds from 0 to {MAX_SECONDS}")
-
-
-def _check_states(states: Any, name: str) -> None:
-    if not isinstance(states, list) or not states:
-        raise ValidationError(name, "must be a non-empty list of [status, seconds] pairs")
-    words = {status.value for status in ProviderStatus}
-    for index, entry in enumerate(states):
-        where = f"{name}[{index}]"
-        last = index == len(states) - 1
-        if not isinstance(entry, list) or not 1 <= len(entry) <= 2:
-            raise ValidationError(where, "must be [status, seconds] (seconds optional on the last)")
-        if not isinstance(entry[0], str) or entry[0] not in words:
-            raise ValidationError(where, f"unknown status {entry[0]!r}; one of {sorted(words)}")
-        if len(entry) == 1 and not last:
-            raise ValidationError(where, "needs seconds: only the last state is held forever")
-        if len(entry) == 2:
-            _number({"seconds": entry[1]}, "seconds", where)
 
 
 def _play(states: list[list[Any]], elapsed: float) -> tuple[str, float]:
@@ -192,25 +150,7 @@ class ScriptedProvider:
             _META.create_all(get_engine(self._url), checkfirst=True)
 
     def validate(self, options: Mapping[str, Any]) -> None:
-        unknown = set(options) - _KNOWN_OPTIONS
-        if unknown:
-            raise ValidationError(
-                sorted(unknown)[0], f"is not a scripted option; known: {sorted(_KNOWN_OPTIONS)}"
-            )
-        for name in ("states", "resume_states"):
-            if name in options:
-                _check_states(options[name], name)
-        for name in ("reset_after", "cancel_delay", "poll_delay"):
-            _number(options, name)
-        if "error" in options and not isinstance(options["error"], str):
-            raise ValidationError("error", "must be a string")
-        if "checkpoint_fails" in options and not isinstance(options["checkpoint_fails"], bool):
-            raise ValidationError("checkpoint_fails", "must be true or false")
-        scripts = options.get("attempt_states", [])
-        if not isinstance(scripts, list):
-            raise ValidationError("attempt_states", "must be a list of scripts, one per attempt")
-        for number, script in enumerate(scripts):
-            _check_states(script, f"attempt_states[{number}]")
+        scripted_options.check(options)
 
     def start(self, request: TurnRequest) -> str:
         run_id = "scripted-" + hashlib.sha256(request.key.encode()).hexdigest()[:20]
@@ -220,22 +160,25 @@ class ScriptedProvider:
         if request.attempt <= len(scripts):  # this attempt plays its own script
             options["states"] = scripts[request.attempt - 1]
         engine = get_engine(self._url)
+        turn = (
+            _insert(engine, TURNS)
+            .values(
+                key=request.key,
+                provider_run_id=run_id,
+                options=options,
+                input=request.input,
+                resume=request.resume,
+                resuming=request.resuming,
+                started_at=called_at,
+                start_calls=1,
+            )
+            .on_conflict_do_nothing(index_elements=[TURNS.c.key])
+            .returning(TURNS.c.key)
+        )
+        if engine.dialect.name == "postgresql" and _started_at_once(engine, turn, called_at):
+            return run_id
         with engine.begin() as connection:
-            began = connection.execute(
-                _insert(engine, TURNS)
-                .values(
-                    key=request.key,
-                    provider_run_id=run_id,
-                    options=options,
-                    input=request.input,
-                    resume=request.resume,
-                    resuming=request.resuming,
-                    started_at=called_at,
-                    start_calls=1,
-                )
-                .on_conflict_do_nothing(index_elements=[TURNS.c.key])
-                .returning(TURNS.c.key)
-            ).first()
+            began = connection.execute(turn).first()
             if began is not None:
                 outcome = STARTED
             else:
@@ -356,6 +299,26 @@ class ScriptedProvider:
                 .order_by(START_CALLS.c.id)
             ).all()
         return [dict(row._mapping) for row in rows]
+
+
+def _started_at_once(engine: Engine, turn: Any, called_at: datetime) -> bool:
+    """PostgreSQL: a new turn and its start call in one statement (the turn's insert a
+    data-modifying CTE, so the call row exists only if the turn does), as one request to a
+    runtime is one round trip. ``False`` when the key exists: the caller counts that call."""
+    began = turn.cte("began")
+    call = (
+        START_CALLS.insert()
+        .from_select(
+            ["key", "called_at", "outcome"],
+            select(began.c.key, literal(called_at, UTCDateTime()), literal(STARTED)),
+        )
+        .add_cte(began)
+    )
+    with engine.connect() as connection:
+        done = connection.execution_options(isolation_level="AUTOCOMMIT").execute(
+            call.returning(START_CALLS.c.key)
+        )
+        return done.first() is not None
 
 
 def _insert(engine: Engine, table: Table) -> Any:

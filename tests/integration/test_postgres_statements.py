@@ -9,6 +9,7 @@ the module is skipped (with ``CI=true`` the suite refuses to start without it).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ from sqlalchemy import event
 from orchestration.db import get_engine, session_scope
 from orchestration.errors import IllegalTransition
 from orchestration.execution import Halt, Poll, Stepper, poll_fence
-from orchestration.providers.scripted import START_CALLS, TURNS
+from orchestration.providers.base import TurnRequest
+from orchestration.providers.scripted import START_CALLS, TURNS, ScriptedProvider, store_url
 from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
@@ -171,3 +173,28 @@ def test_a_refused_transition_journals_nothing(stack: Stack) -> None:
         transition_run(session, run_id, RunStatus.RUNNING, cause="test", now=T0)
     assert len(events_of(settings, run_id)) == before
     assert run_row(settings, run_id).status == "cancelled"
+
+
+def test_a_scripted_start_is_one_statement_and_a_repeat_is_still_journaled(stack: Stack) -> None:
+    """The scripted provider's start on PostgreSQL: the turn and its start call in one
+    statement; the same key again begins no second turn, and its call is journaled too."""
+    provider = ScriptedProvider(stack.settings)
+    key = f"pg-{uuid.uuid4().hex}:a:1"
+    request = TurnRequest(key, "run", "a", 1, "do it", {"states": [["running", 60]]})
+    engine = get_engine(store_url(stack.settings))
+    statements: list[str] = []
+
+    def statement(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        statements.append(sql.split(None, 1)[0].upper())
+
+    event.listen(engine, "before_cursor_execute", statement)
+    try:
+        first = provider.start(request)
+        once = list(statements)
+        again = provider.start(request)
+    finally:
+        event.remove(engine, "before_cursor_execute", statement)
+    assert first == again
+    assert once == ["WITH"]
+    assert [call["outcome"] for call in provider.start_calls(key)] == ["started", "existing"]
+    assert len(provider.turns(key)) == 1
