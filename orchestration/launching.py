@@ -1,9 +1,10 @@
 """Launch: validate, write the run and its steps in one transaction, then send the chain.
 
 The chain's first segment is planned before the rows are written and its task ids go in with
-them (``chains.plan_chain``); the executor sends it after the commit. A launch is one read of
-the request id, one count of live runs and three inserts; the record it returns is built
-from the rows it wrote (``Written``).
+them (``chains.plan_chain``); the executor sends it after the commit. A launch is one
+statement that reads the request id and counts live runs, then three Core inserts (the run,
+its steps in one multi-row insert, the journal); the record it returns is built from the
+rows it wrote (``Written``).
 A launch onto a held concurrency key ends the holder it ousts (``claims.decide``) through
 ``closing.end_run`` in the same transaction.
 """
@@ -15,9 +16,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, and_, bindparam, case, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -42,6 +43,39 @@ from orchestration.step_specs import StepSpec
 T = TypeVar("T")
 
 _NAME = re.compile(r"[\x21-\x7e]{1,200}")
+
+
+_RUNS = cast(Table, Run.__table__)
+_STEPS = cast(Table, Step.__table__)
+_EVENTS = cast(Table, RunEvent.__table__)
+_JOURNALED = ("run_id", "step_id", "from_status", "to_status", "cause", "stop_reason", "at")
+_LIVE = and_(
+    Run.status.in_([status.value for status in RUN_LIVE]),
+    # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they do not use up launches.
+    Run.parent_run_id.is_(None),
+)
+_FOUND = (
+    select(Run.id)
+    .where(Run.owner == bindparam("b_owner"), Run.request_id == bindparam("b_request"))
+    .scalar_subquery()
+)
+#: What admits a launch, in one statement built once: the run this owner's request id names
+#: (and its fingerprint) or, only when there is none (``CASE`` evaluates its branch lazily),
+#: the live runs in all and of this owner.
+_ADMIT = select(
+    _FOUND,
+    select(Run.fingerprint).where(Run.id == _FOUND).scalar_subquery(),
+    case((_FOUND.is_(None), select(func.count()).select_from(Run).where(_LIVE).scalar_subquery())),
+    case(
+        (
+            _FOUND.is_(None),
+            select(func.count())
+            .select_from(Run)
+            .where(_LIVE, Run.owner == bindparam("b_owner"))
+            .scalar_subquery(),
+        )
+    ),
+)
 
 
 def check_name(field: str, value: Any) -> str:
@@ -192,14 +226,16 @@ def _write(
     reuse: Reuse | None = None,
     version: int | None = None,
 ) -> Done[T]:
-    existing = session.scalars(
-        select(Run).where(Run.owner == owner, Run.request_id == request_id)
-    ).first()
-    if existing is not None:
-        if existing.fingerprint != fingerprint:
-            raise IdempotencyConflict(request_id, existing.id)
+    found, fingerprinted, total, mine = session.execute(
+        _ADMIT, {"b_owner": owner, "b_request": request_id}
+    ).one()
+    if found is not None:
+        if fingerprinted != fingerprint:
+            raise IdempotencyConflict(request_id, found)
+        existing = session.get(Run, found)
+        assert existing is not None
         return Done(read(session, Written(existing, None)))
-    _check_capacity(session, settings, owner)
+    _check_capacity(settings, owner, total or 0, mine or 0)
     then = Followups()
     decision = None
     if concurrency_key is not None:
@@ -259,7 +295,6 @@ def _write(
         claim=decision.claim.value if decision is not None else None,
         needs_review=False,
     )
-    session.add(run)
     rows = [
         new_step(
             run_id,
@@ -271,16 +306,11 @@ def _write(
         )
         for index, step in enumerate(definition["steps"])
     ]
-    session.add_all(rows)
-    if reuse is not None:
-        artifacts.touch(session, owner, {k.sha256 for k in reuse.outputs[:first] if k.sha256}, now)
-    session.add(
+    events = [
         queued_event(
             run_id, f"rerun of {reuse.rerun_of} from step {first}" if reuse else "launched", now
-        )
-    )
-    for index in range(first):
-        session.add(
+        ),
+        *(
             RunEvent(
                 run_id=run_id,
                 step_id=definition["steps"][index]["id"],
@@ -289,8 +319,16 @@ def _write(
                 cause=f"output reused from run {reuse.rerun_of if reuse else '?'}",
                 at=now,
             )
-        )
-    session.flush()
+            for index in range(first)
+        ),
+    ]
+    # Core inserts of the rows as built (the run, its steps in one multi-row insert, the
+    # journal): nothing is read back, so the ORM's unit of work has nothing to track.
+    session.execute(_RUNS.insert(), _set_columns(run))
+    session.execute(_STEPS.insert(), [_set_columns(row) for row in rows])
+    session.execute(_EVENTS.insert(), [_journal_row(event) for event in events])
+    if reuse is not None:
+        artifacts.touch(session, owner, {k.sha256 for k in reuse.outputs[:first] if k.sha256}, now)
     written = read(session, Written(run, rows))
     if plan is None:
         return Done(written, then)
@@ -334,19 +372,25 @@ def queued_event(run_id: str, cause: str, now: datetime) -> RunEvent:
     )
 
 
-def _check_capacity(session: Session, settings: Settings, owner: str) -> None:
-    live = [status.value for status in RUN_LIVE]
-    # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they do not use up launches.
-    total, mine = session.execute(
-        select(func.count(), func.count().filter(Run.owner == owner))
-        .select_from(Run)
-        .where(Run.status.in_(live), Run.parent_run_id.is_(None))
-    ).one()
-    if (total or 0) >= settings.max_active_runs:
+def _set_columns(row: Run | Step | RunEvent) -> dict[str, Any]:
+    """The columns a new row object was given, by column name (what the ORM would insert);
+    every step of a launch is given the same ones."""
+    given = vars(row)
+    columns = row.__table__.columns
+    return {column.key: given[column.key] for column in columns if column.key in given}
+
+
+def _journal_row(event: RunEvent) -> dict[str, Any]:
+    """A journal row's columns, all of them (one executemany takes the keys of its first)."""
+    return {name: getattr(event, name) for name in _JOURNALED}
+
+
+def _check_capacity(settings: Settings, owner: str, total: int, mine: int) -> None:
+    if total >= settings.max_active_runs:
         raise LimitExceeded(
             "runs", f"{total} active runs is the limit (ORCH_MAX_ACTIVE_RUNS); retry later"
         )
-    if (mine or 0) >= settings.max_active_runs_per_owner:
+    if mine >= settings.max_active_runs_per_owner:
         raise LimitExceeded(
             "runs",
             f"owner {owner!r} has {mine} active runs, the limit "
