@@ -75,8 +75,12 @@ def findings(report: dict[str, Any]) -> str:
     if per and lazy and "poll" in per and "poll" in lazy:
         lines.append(
             f"- **A poll is {num(per['poll']['statements'])} statement(s) in "
-            f"{num(per['poll']['transactions'])} transaction(s), "
-            f"{num(per['poll']['round_trips'])} round trips** (start "
+            + (
+                f"{num(per['poll']['transactions'])} transaction(s), "
+                if per["poll"]["transactions"]
+                else "no transaction (autocommit: one statement is atomic by itself), "
+            )
+            + f"{num(per['poll']['round_trips'])} round trips** (start "
             f"{num(per['start']['round_trips'])}, finish with effects "
             f"{num(per['finish']['round_trips'])}); a bare retry has none. Each transaction "
             "pays `BEGIN` and `COMMIT`; a pooled connection is pinged (`SELECT 1`) only after "
