@@ -6,9 +6,15 @@ Kinds (each names where it strikes; see ``docs/reliability.md``):
   turn's ``INSERT INTO scripted_turns``, after the start claim committed and before the turn
   is recorded);
 * ``kill_transition``: SIGKILL the worker that is writing a status transition (caught in the
-  journal insert, after the compare-and-set, before commit); the caught run's committed status
-  rotates over queued, running, waiting, parked and cancelling, so each kind of transition is hit;
+  journal insert, inside the transition's transaction, before commit; on PostgreSQL the
+  compare-and-set and the journal row are one statement, ``WITH moved AS (UPDATE …) INSERT
+  INTO run_events …``, caught before it runs); the caught run's committed status rotates over
+  queued, running, waiting, parked and cancelling, so each kind of transition is hit;
 * ``kill_effect``: SIGKILL the worker while a post-step effect runs (the checkpoint insert);
+
+A trap matches the statement anywhere in its text (``%INSERT INTO run_events%``): the engine's
+writes on PostgreSQL open with a ``WITH`` (data-modifying CTEs), and a pattern anchored at
+``INSERT`` would catch nothing.
 * ``kill_cancel``: a graceful cancel is requested, and the worker applying it is killed while it
   cancels the provider turn;
 * ``kill_countdown``: SIGKILL the worker holding a step's countdown (ETA) message, found with
@@ -226,7 +232,7 @@ class Injector:
         self._trap(
             fault,
             "scripted_turns",
-            "INSERT INTO scripted_turns%",
+            "%INSERT INTO scripted_turns%",
             lambda c: self._kill(fault, c.worker, c.run_ids),
         )
 
@@ -242,7 +248,7 @@ class Injector:
         self._trap(
             fault,
             "run_events",
-            "INSERT INTO run_events%",
+            "%INSERT INTO run_events%",
             act,
             timeout=3.0,
             accept=lambda c: any(status == wanted for _, status in c.runs),
@@ -253,7 +259,7 @@ class Injector:
         self._trap(
             fault,
             "checkpoints",
-            "INSERT INTO checkpoints%",
+            "%INSERT INTO checkpoints%",
             lambda c: self._kill(fault, c.worker, c.run_ids),
             timeout=6.0,
         )
@@ -357,7 +363,7 @@ class Injector:
         self._trap(
             fault,
             "run_events",
-            "INSERT INTO run_events%",
+            "%INSERT INTO run_events%",
             lambda c: self._zombie(fault, c.worker, c.run_ids),
             timeout=4.0,
         )
