@@ -157,6 +157,12 @@ def dispose_engines(*, after_fork: bool = False) -> None:
     _FACTORIES.clear()
 
 
+def on_postgresql(session: Session) -> bool:
+    """Whether the session's database is PostgreSQL: the hot path's single-statement writes
+    (data-modifying CTEs) and ``ON CONFLICT`` spellings are PostgreSQL's own."""
+    return session.get_bind().dialect.name == "postgresql"
+
+
 @contextmanager
 def session_scope(
     url: str, *, lock_timeout: float | None = None, autocommit: bool = False

@@ -21,6 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from orchestration import bounds, providers, turns
+from orchestration.db import on_postgresql
 from orchestration.egress import entry_for, host_port
 from orchestration.errors import ProviderError
 from orchestration.followups import Done, Transact
@@ -188,7 +189,7 @@ def record_capture(
         **values,
     }
     row = {f"e_{name}": value for name, value in outbox.items()}
-    if error is None and session.get_bind().dialect.name == "postgresql":
+    if error is None and on_postgresql(session):
         checkpoint = {"run_id": step.run_id, "step_index": step.index, "attempt": step.attempt}
         session.execute(_CAPTURED, {**row, **checkpoint, "state": state, "at": now})
         return Progress(settled=True, exhausted=[], next_due=None)
@@ -296,7 +297,7 @@ def _store_checkpoint(
     """Store the checkpoint once per step attempt: a second capture of the same attempt (a
     retried effect whose first success was not recorded) is a no-op."""
     session.execute(
-        _CHECKPOINT_ONCE[session.get_bind().dialect.name == "postgresql"],
+        _CHECKPOINT_ONCE[on_postgresql(session)],
         {"run_id": run_id, "step_index": index, "attempt": attempt, "state": state, "at": now},
     )
 

@@ -39,6 +39,7 @@ from orchestration.models import Run, RunEvent, Step
 from orchestration.settings import Settings
 from orchestration.states import RUN_LIVE, ClaimState, RunStatus, StepStatus
 from orchestration.step_specs import StepSpec
+from orchestration.transitions import JOURNALED
 
 T = TypeVar("T")
 
@@ -48,7 +49,6 @@ _NAME = re.compile(r"[\x21-\x7e]{1,200}")
 _RUNS = cast(Table, Run.__table__)
 _STEPS = cast(Table, Step.__table__)
 _EVENTS = cast(Table, RunEvent.__table__)
-_JOURNALED = ("run_id", "step_id", "from_status", "to_status", "cause", "stop_reason", "at")
 _LIVE = and_(
     Run.status.in_([status.value for status in RUN_LIVE]),
     # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they do not use up launches.
@@ -382,7 +382,7 @@ def _set_columns(row: Run | Step | RunEvent) -> dict[str, Any]:
 
 def _journal_row(event: RunEvent) -> dict[str, Any]:
     """A journal row's columns, all of them (one executemany takes the keys of its first)."""
-    return {name: getattr(event, name) for name in _JOURNALED}
+    return {name: getattr(event, name) for name in JOURNALED}
 
 
 def _check_capacity(settings: Settings, owner: str, total: int, mine: int) -> None:

@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ClauseElement
 
+from orchestration.db import on_postgresql
 from orchestration.errors import IllegalTransition, RunNotFound
 from orchestration.models import Run, RunEvent, Step
 from orchestration.states import (
@@ -51,13 +52,24 @@ _CAS_TRIES = 5
 
 _LIVE_RUN = [s.value for s in RUN_LIVE]
 _EVENTS = cast(Table, RunEvent.__table__)
-_JOURNALED = ("run_id", "step_id", "from_status", "to_status", "cause", "stop_reason", "at")
+#: The columns of a journal row (``run_events``), as every writer of one fills them.
+JOURNALED = ("run_id", "step_id", "from_status", "to_status", "cause", "stop_reason", "at")
 #: Built once: every transition writes one (binding is cheaper than building it again).
-_JOURNAL = insert(_EVENTS).values({name: bindparam(name) for name in _JOURNALED})
+_JOURNAL = insert(_EVENTS).values({name: bindparam(name) for name in JOURNALED})
 _LIVE_STEP = [s.value for s in STEP_LIVE]
 _TABLES: dict[str, Table] = {"runs": Run.__table__, "steps": Step.__table__}  # type: ignore[dict-item]
 #: ``started_at`` is written only the first time a row starts running.
 _FIRST_START = "started_at"
+
+
+def _target(table_name: str, seen: Any) -> tuple[Table, ColumnElement[Any], ColumnElement[bool]]:
+    """The table of a guarded write, its key column, and the guard: the status ``seen`` (a
+    value or a bound parameter), or any live status when ``seen`` is ``None``."""
+    table = _TABLES[table_name]
+    key = table.c.id if table_name == "runs" else table.c.pk
+    allowed = _LIVE_RUN if table_name == "runs" else _LIVE_STEP
+    guard = table.c.status.in_(allowed) if seen is None else table.c.status == seen
+    return table, key, guard
 
 
 @functools.lru_cache(maxsize=256)
@@ -72,10 +84,7 @@ def _guarded(
     ``journaled`` (PostgreSQL): the update is a data-modifying CTE and the statement is the
     journal row's ``INSERT … SELECT … FROM moved RETURNING id``, so a transition is one round
     trip and the journal row exists exactly when the row moved."""
-    table = _TABLES[table_name]
-    key = table.c.id if table_name == "runs" else table.c.pk
-    allowed = _LIVE_RUN if table_name == "runs" else _LIVE_STEP
-    guard = table.c.status.in_(allowed) if live else table.c.status == bindparam("w_seen")
+    table, key, guard = _target(table_name, None if live else bindparam("w_seen"))
     sets: dict[str, ColumnElement[Any]] = {
         column: bindparam(f"v_{column}", type_=table.c[column].type) for column in columns
     }
@@ -87,8 +96,8 @@ def _guarded(
     if not journaled:
         return moved
     cte = moved.returning(key).cte("moved")
-    row = select(*(bindparam(f"j_{name}", type_=_EVENTS.c[name].type) for name in _JOURNALED))
-    journal = insert(_EVENTS).from_select(list(_JOURNALED), row.select_from(cte))
+    row = select(*(bindparam(f"j_{name}", type_=_EVENTS.c[name].type) for name in JOURNALED))
+    journal = insert(_EVENTS).from_select(list(JOURNALED), row.select_from(cte))
     # The journal row's id says that the row moved: a row count of ``INSERT … SELECT`` under
     # a CTE is not reported (``-1``).
     return journal.add_cte(cte).returning(_EVENTS.c.id)
@@ -108,31 +117,26 @@ def _write(
     the number of rows it matched (0 or 1). A value that is an SQL expression is a caller's
     own: that write is built for the call."""
     if any(isinstance(value, ClauseElement) for value in values.values()):
-        table = _TABLES[table_name]
-        row = table.c.id if table_name == "runs" else table.c.pk
-        allowed = _LIVE_RUN if table_name == "runs" else _LIVE_STEP
+        table, row, guard = _target(table_name, seen)
         written = dict(values)
         if first_start is not None:
             written.setdefault(_FIRST_START, func.coalesce(table.c.started_at, first_start))
-        guard = table.c.status.in_(allowed) if seen is None else table.c.status == seen
         done = session.execute(update(table).where(row == key, guard).values(written))
-        matched = int(done.rowcount)  # type: ignore[attr-defined]
-        if matched and journal is not None:
-            session.execute(_JOURNAL, journal)
-        return matched
-    first = first_start is not None and _FIRST_START not in values
-    together = journal is not None and session.get_bind().dialect.name == "postgresql"
-    statement = _guarded(table_name, seen is None, tuple(values), first, together)
-    params = {f"v_{column}": value for column, value in values.items()}
-    params["w_key"] = key
-    if seen is not None:
-        params["w_seen"] = seen
-    if first:
-        params["v_first_start"] = first_start
-    if together:
-        assert journal is not None
-        params.update({f"j_{name}": value for name, value in journal.items()})
-    done = session.execute(statement, params)
+        together = False
+    else:
+        first = first_start is not None and _FIRST_START not in values
+        together = journal is not None and on_postgresql(session)
+        params = {f"v_{column}": value for column, value in values.items()}
+        params["w_key"] = key
+        if seen is not None:
+            params["w_seen"] = seen
+        if first:
+            params["v_first_start"] = first_start
+        if together:
+            assert journal is not None
+            params.update({f"j_{name}": value for name, value in journal.items()})
+        statement = _guarded(table_name, seen is None, tuple(values), first, together)
+        done = session.execute(statement, params)
     if together:
         return len(done.all())
     matched = int(done.rowcount)  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
 from orchestration import deadlines, specs
+from orchestration.db import on_postgresql
 from orchestration.execution import fence
 from orchestration.execution.outcomes import Halt
 from orchestration.models import Run, Step
@@ -94,7 +95,7 @@ def enter(
     must not proceed (a duplicate, a stale one, or the run or step has ended)."""
     deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
     bound = fence.params(run_id, index, tick, now, deadline, worker, pid)
-    if fence.together(session):
+    if on_postgresql(session):
         fenced = session.execute(fence.FENCE_AND_STAMP, bound).first()
         stamped = fenced is not None and bool(fenced.stamped)
     else:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Integer, Select, Table, Update, bindparam, exists, select, update
-from sqlalchemy.orm import Session
 
 from orchestration.models import Run, Step
 from orchestration.states import STEP_LIVE, RunStatus, StepStatus
@@ -83,11 +82,6 @@ FENCE_AND_STAMP = fence_and_stamp(FENCE)
 FENCE_AND_STAMP_POLL = fence_and_stamp(
     FENCE.where(STEPS.c.status == StepStatus.RUNNING.value, STEPS.c.provider_run_id.is_not(None))
 )
-
-
-def together(session: Session) -> bool:
-    """Whether this session's database runs the fence and the stamp as one statement."""
-    return session.get_bind().dialect.name == "postgresql"
 
 
 def params(

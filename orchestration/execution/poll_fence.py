@@ -17,7 +17,6 @@ SQLite has no data-modifying CTEs: there every execution takes the full entry.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy.engine import make_url
@@ -44,55 +43,28 @@ def attempt(
     pid: int | None,
 ) -> Entry | int:
     """The entry of a plain poll, in one statement; otherwise the tick the full entry goes on
-    from. Only a redelivered message (``tick`` past 0, most likely a poll) tries it, and only
-    on a database that has data-modifying CTEs."""
+    from: the message's when the statement wrote nothing, the next one when it fenced the step
+    but could not stamp the run. Only a redelivered message (``tick`` past 0, most likely a
+    poll) tries it, and only on a database that has data-modifying CTEs."""
     if not tick or not available(settings.database_url):
         return tick
-    found = transact(
-        lambda session: Done(
-            enter(session, settings, run_id, index, tick, now, worker=worker, pid=pid)
-        ),
-        autocommit=True,
-    )
-    if isinstance(found, Entry):
-        return found
-    return tick if found is None else found.tick
+    deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
+    bound = fence.params(run_id, index, tick, now, deadline, worker, pid)
 
+    def enter(session: Session) -> Done[Entry | int]:
+        row = session.execute(fence.FENCE_AND_STAMP_POLL, bound).first()
+        if row is None:
+            return Done(tick)
+        if not row.stamped:
+            return Done(tick + 1)
+        spec = specs.of_run(session, run_id)[index]
+        step = step_row(row, run_id, index)
+        return Done(Entry(Phase.POLL, tick + 1, step, spec, RunStatus.RUNNING))
 
-@dataclass(frozen=True)
-class Fenced:
-    """The statement fenced the step but could not stamp the run: the full entry goes on
-    from ``tick``, the one this execution now holds."""
-
-    tick: int
+    return transact(enter, autocommit=True)
 
 
 @functools.lru_cache(maxsize=8)
 def available(database_url: str) -> bool:
     """Whether the database runs data-modifying CTEs (PostgreSQL)."""
     return make_url(normalize_url(database_url)).get_backend_name() == "postgresql"
-
-
-def enter(
-    session: Session,
-    settings: Settings,
-    run_id: str,
-    index: int,
-    tick: int,
-    now: datetime,
-    *,
-    worker: str | None,
-    pid: int | None,
-) -> Entry | Fenced | None:
-    """Fence and stamp a poll in one statement: the :class:`Entry` of a plain poll,
-    :class:`Fenced` when only the fence took, ``None`` when the statement wrote nothing."""
-    deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
-    row = session.execute(
-        fence.FENCE_AND_STAMP_POLL, fence.params(run_id, index, tick, now, deadline, worker, pid)
-    ).first()
-    if row is None:
-        return None
-    if not row.stamped:
-        return Fenced(tick + 1)
-    spec = specs.of_run(session, run_id)[index]
-    return Entry(Phase.POLL, tick + 1, step_row(row, run_id, index), spec, RunStatus.RUNNING)
