@@ -32,7 +32,10 @@ Must-be-zero figures (any non-zero fails the run):
   :data:`STEP_JOURNAL`) had not committed before that write; all to within
   :data:`CLOCK_RESOLUTION`; or a ``start`` that hit a cancel's tombstone. A start claimed
   before the request may reach the provider after it, since ``cancel`` waits for that claim
-  before it returns: that is what invariant 2 promises.
+  before it returns: that is what invariant 2 promises. A ``start`` that arrived after its
+  request's deadline (``expired``) began nothing, by the provider contract every runtime that
+  can tell arrival time keeps; it is neither a start after a cancel nor a repeat, and is
+  reported as ``starts_expired``.
 * ``cancels_returned_nonterminal``: hard cancels that returned a live run.
 * ``runs_lost``: launched runs not in the database, or still live at the end.
 * ``journal_breaks``: a journal row whose ``from_status`` is not the previous row's ``to_status``.
@@ -444,6 +447,7 @@ class Audit:
                 "turns_restarted_unexplained": 0,
                 "turns_started_after_cancel": 0,
                 "turns_restarted_explained": 0,
+                "starts_expired": 0,
             }
         )
         stop_at = self._stop_moments()
@@ -458,8 +462,10 @@ class Audit:
                 self._violation(
                     "turns_unrecorded_attempt", run_id, f"turn {turn.key} was never recorded"
                 )
-        for key, calls in self.calls.items():
+        for key, journalled in self.calls.items():
             run_id = key.rsplit(":", 2)[0]
+            calls = [call for call in journalled if call.outcome != "expired"]
+            figures["starts_expired"] += len(journalled) - len(calls)
             stop = stop_at.get(run_id)
             requested = requested_at.get(run_id)
             end = end_at.get(run_id)

@@ -40,6 +40,15 @@ def claim_window(settings: Settings) -> timedelta:
     return timedelta(seconds=settings.provider_timeout + MARGIN_SECONDS)
 
 
+def start_deadline(settings: Settings, claimed_at: datetime) -> datetime:
+    """The latest moment a start claimed at ``claimed_at`` may begin its turn: one call's
+    bound after the claim. ``cancel`` reads the turns only once the claim is older than
+    :func:`claim_window`, the margin later, so a provider that honours the deadline never
+    begins a turn after a ``cancel`` returned, however long the request was in flight; the
+    margin covers the skew between the engine's clock and the runtime's."""
+    return claimed_at + timedelta(seconds=settings.provider_timeout)
+
+
 def step_options(run: Run, index: int) -> dict[str, object]:
     """The ``with:`` options of step ``index`` as stored on the run."""
     options = run.workflow["steps"][index].get("with", {})

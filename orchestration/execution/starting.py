@@ -138,6 +138,7 @@ def claim(
         options=entry.spec.options,
         resume=answer,
         resuming=resuming,
+        deadline=turns.start_deadline(settings, now),
     )
     return Done(StartCall(request, step.provider, now))
 

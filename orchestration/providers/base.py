@@ -10,6 +10,11 @@ Contract every provider keeps (the engine's invariants rest on it):
 * ``start`` is idempotent per ``TurnRequest.key`` (``run:step:attempt``): a second call with
   the same key returns the same provider run id and never starts a second turn.
 * ``cancel`` is idempotent and bounded in time; cancelling a finished turn is not an error.
+* ``start`` begins no turn after ``TurnRequest.deadline`` (on the runtime's clock), where the
+  runtime can tell when a request arrived: the engine's own bound ends its wait, not the
+  request's flight, and a start delayed in the network past the claim window could otherwise
+  land after a ``cancel`` returned. A refused late start raises
+  :class:`~orchestration.errors.RetryableProviderError`; the engine claims the start again.
 * Every call is bounded by the provider's request timeout. An outage raises
   :class:`~orchestration.errors.RetryableProviderError`; a refusal or a vanished turn raises
   :class:`~orchestration.errors.PermanentProviderError`.
@@ -69,6 +74,9 @@ class TurnRequest:
     resume: JSON = None
     #: ``True`` when this turn resumes a park (``resume`` may legitimately be ``None``).
     resuming: bool = False
+    #: The latest moment (UTC) the turn may begin: the claim's time plus one call's bound,
+    #: inside the window ``cancel`` waits for the claim. ``None``: no deadline.
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)

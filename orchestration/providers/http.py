@@ -253,7 +253,12 @@ class HttpProvider:
         options = request.options
         name = "resume" if request.resuming and "resume" in options else "start"
         values = {"task": request.input, "key": request.key, "resume": request.resume}
-        reply = self._call(options, name, values, extra_headers={"Idempotency-Key": request.key})
+        headers = {"Idempotency-Key": request.key}
+        if request.deadline is not None:
+            # The latest moment the turn may begin, for a service that can tell when the
+            # request arrived (answering 408 after it); see ``TurnRequest.deadline``.
+            headers["Request-Deadline"] = request.deadline.isoformat(timespec="milliseconds")
+        reply = self._call(options, name, values, extra_headers=headers)
         found, run_id = pick(reply.body, options["run_id_path"])
         if not found or not isinstance(run_id, str | int) or isinstance(run_id, bool):
             raise PermanentProviderError(

@@ -4,10 +4,11 @@ A turn plays ``states``, a list of ``[status, seconds]`` pairs, from the moment 
 the last pair is held forever. Turns live in a small table of their own (``scripted_turns``),
 so every worker process sees the same turn, and ``start`` is idempotent per key the way a real
 runtime's idempotency key is. A cancel tombstones the key: a start that arrives after it
-returns the cancelled turn instead of starting a new one.
+returns the cancelled turn instead of starting a new one. A start that arrives after its
+request's ``deadline`` (on the store's clock) begins nothing and answers as an outage.
 
-Every ``start`` call is also journaled (``scripted_start_calls``: the key, when the call came
-on the provider's own clock, and what it did), like a real runtime's access log. A turn row
+Every ``start`` call is also journaled (``scripted_start_calls``: the key, when the call
+arrived on the provider's own clock, and what it did), like a real runtime's access log. A turn row
 cannot show a second start of the same key, nor a start that hit a tombstone after a cancel;
 the journal does, so the chaos audit and the tests count what the provider saw, not what the
 engine stored.
@@ -43,6 +44,7 @@ from sqlalchemy import (
     JSON,
     Boolean,
     Column,
+    Connection,
     Engine,
     Index,
     Integer,
@@ -50,6 +52,7 @@ from sqlalchemy import (
     String,
     Table,
     bindparam,
+    func,
     literal,
     select,
     update,
@@ -86,9 +89,9 @@ TURNS = Table(
     Column("start_calls", Integer, nullable=False, default=0),
 )
 
-#: What a ``start`` call did: began the turn, found it already begun, or found the tombstone a
-#: cancel left (and began nothing).
-STARTED, EXISTING, TOMBSTONE = "started", "existing", "tombstone"
+#: What a ``start`` call did: began the turn, found it already begun, found the tombstone a
+#: cancel left, or arrived after the request's deadline (the last two began nothing).
+STARTED, EXISTING, TOMBSTONE, EXPIRED = "started", "existing", "tombstone", "expired"
 
 START_CALLS = Table(
     "scripted_start_calls",
@@ -154,32 +157,34 @@ class ScriptedProvider:
 
     def start(self, request: TurnRequest) -> str:
         run_id = "scripted-" + hashlib.sha256(request.key.encode()).hexdigest()[:20]
-        called_at = utcnow()
         options = dict(request.options)
         scripts = options.get("attempt_states", [])
         if request.attempt <= len(scripts):  # this attempt plays its own script
             options["states"] = scripts[request.attempt - 1]
+        values = {
+            "key": request.key,
+            "provider_run_id": run_id,
+            "options": options,
+            "input": request.input,
+            "resume": request.resume,
+            "resuming": request.resuming,
+            "start_calls": 1,
+        }
         engine = get_engine(self._url)
-        turn = (
-            _insert(engine, TURNS)
-            .values(
-                key=request.key,
-                provider_run_id=run_id,
-                options=options,
-                input=request.input,
-                resume=request.resume,
-                resuming=request.resuming,
-                started_at=called_at,
-                start_calls=1,
-            )
-            .on_conflict_do_nothing(index_elements=[TURNS.c.key])
-            .returning(TURNS.c.key)
-        )
-        if engine.dialect.name == "postgresql" and _started_at_once(engine, turn, called_at):
+        if engine.dialect.name == "postgresql" and _started_at_once(
+            engine, values, request.deadline
+        ):
             return run_id
         with engine.begin() as connection:
-            began = connection.execute(turn).first()
-            if began is not None:
+            arrived = _arrival(connection)
+            if request.deadline is not None and arrived > request.deadline:
+                outcome = EXPIRED
+            elif connection.execute(
+                _insert(engine, TURNS)
+                .values(**values, started_at=arrived)
+                .on_conflict_do_nothing(index_elements=[TURNS.c.key])
+                .returning(TURNS.c.key)
+            ).first():
                 outcome = STARTED
             else:
                 # Same key: the turn exists (or was tombstoned by a cancel); never a second one.
@@ -192,7 +197,13 @@ class ScriptedProvider:
                 outcome = TOMBSTONE if started_at is None else EXISTING
             # In the turn's own transaction: a call whose turn never committed did nothing.
             connection.execute(
-                START_CALLS.insert().values(key=request.key, called_at=called_at, outcome=outcome)
+                START_CALLS.insert().values(key=request.key, called_at=arrived, outcome=outcome)
+            )
+        if outcome == EXPIRED:
+            assert request.deadline is not None
+            late = (arrived - request.deadline).total_seconds()
+            raise RetryableProviderError(
+                f"scripted: the start arrived {late:.3f}s after its deadline; no turn began"
             )
         return run_id
 
@@ -301,16 +312,29 @@ class ScriptedProvider:
         return [dict(row._mapping) for row in rows]
 
 
-def _started_at_once(engine: Engine, turn: Any, called_at: datetime) -> bool:
+def _started_at_once(engine: Engine, values: dict[str, Any], deadline: datetime | None) -> bool:
     """PostgreSQL: a new turn and its start call in one statement (the turn's insert a
     data-modifying CTE, so the call row exists only if the turn does), as one request to a
-    runtime is one round trip. ``False`` when the key exists: the caller counts that call."""
-    began = turn.cte("began")
+    runtime is one round trip. The turn begins when the statement arrived, and only if that
+    is not past ``deadline``. ``False`` when the key exists or the start came too late: the
+    caller journals that call."""
+    arrived = func.statement_timestamp()
+    columns = (literal(value, TURNS.c[name].type) for name, value in values.items())
+    source = select(*columns, arrived)
+    if deadline is not None:
+        source = source.where(arrived <= literal(deadline, UTCDateTime()))
+    began = (
+        postgresql.insert(TURNS)
+        .from_select([*values, "started_at"], source)
+        .on_conflict_do_nothing(index_elements=[TURNS.c.key])
+        .returning(TURNS.c.key, TURNS.c.started_at)
+        .cte("began")
+    )
     call = (
         START_CALLS.insert()
         .from_select(
             ["key", "called_at", "outcome"],
-            select(began.c.key, literal(called_at, UTCDateTime()), literal(STARTED)),
+            select(began.c.key, began.c.started_at, literal(STARTED)),
         )
         .add_cte(began)
     )
@@ -319,6 +343,16 @@ def _started_at_once(engine: Engine, turn: Any, called_at: datetime) -> bool:
             call.returning(START_CALLS.c.key)
         )
         return done.first() is not None
+
+
+def _arrival(connection: Connection) -> datetime:
+    """When the call reached the store, on the store's clock where it has one (PostgreSQL's
+    ``statement_timestamp()``): a runtime judges a deadline by when a request arrived, not
+    by when it was sent."""
+    if connection.dialect.name == "postgresql":
+        arrived: datetime = connection.execute(select(func.statement_timestamp())).scalar_one()
+        return arrived
+    return utcnow()
 
 
 def _insert(engine: Engine, table: Table) -> Any:

@@ -97,9 +97,16 @@ def test_each_run_is_one_trace_and_its_worker_lines_carry_its_id(
     assert orch.cancel(cancelled.id, owner=owner).status == "cancelled"
     wait_for(lambda: orch.get(swept.id, owner=owner).steps[0].polls >= 1, 15, what="a poll")
     # The sweeper, judging at a later instant, finds the swept run's heartbeat dead: re-arm.
-    later = utcnow() + timedelta(seconds=traced.settings.heartbeat_timeout * 2)
-    report = Sweeper(traced.settings, client_executor(traced.settings)).sweep(now=later)
-    assert report["rearmed"] == 1, report
+    # A poll that stamps the run between a pass's read and its compare-and-set makes that
+    # pass leave the run alone, by design (it is alive); a later pass re-arms it.
+    sweeper = Sweeper(traced.settings, client_executor(traced.settings))
+
+    def rearmed() -> dict[str, Any] | None:
+        later = utcnow() + timedelta(seconds=traced.settings.heartbeat_timeout * 2)
+        report = sweeper.sweep(now=later)
+        return report if report["rearmed"] == 1 else None
+
+    wait_for(rearmed, 10, interval=0.01, what="a pass that re-arms the swept run")
 
     def rearmed_execution() -> list[Received] | None:
         spans = otlp.of_trace(swept.id)

@@ -12,16 +12,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import event
 
-from orchestration.db import get_engine, session_scope
-from orchestration.errors import IllegalTransition
+from orchestration.db import get_engine, session_scope, utcnow
+from orchestration.errors import IllegalTransition, RetryableProviderError
 from orchestration.execution import Halt, Poll, Stepper, poll_fence
-from orchestration.providers.base import TurnRequest
+from orchestration.providers.base import TurnRef, TurnRequest
 from orchestration.providers.scripted import START_CALLS, TURNS, ScriptedProvider, store_url
 from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
@@ -198,3 +199,26 @@ def test_a_scripted_start_is_one_statement_and_a_repeat_is_still_journaled(stack
     assert once == ["WITH"]
     assert [call["outcome"] for call in provider.start_calls(key)] == ["started", "existing"]
     assert len(provider.turns(key)) == 1
+
+
+def test_a_scripted_start_past_its_deadline_is_refused_on_the_store_clock(stack: Stack) -> None:
+    """On PostgreSQL the deadline is judged by when the statement arrived
+    (``statement_timestamp()``), in the one statement and in the fallback after a cancel's
+    tombstone; a start inside its deadline is still one statement."""
+    provider = ScriptedProvider(stack.settings)
+    key = f"pg-{uuid.uuid4().hex}:a:1"
+    request = TurnRequest(key, "run", "a", 1, "do it", {"states": [["running", 60]]})
+    with pytest.raises(RetryableProviderError, match="after its deadline"):
+        provider.start(replace(request, deadline=utcnow() - timedelta(seconds=1)))
+    assert provider.turns(key) == []
+    provider.cancel(TurnRef(key, None, request.options))
+    with pytest.raises(RetryableProviderError, match="after its deadline"):
+        provider.start(replace(request, deadline=utcnow() - timedelta(seconds=1)))
+    calls = provider.start_calls(key)
+    assert [call["outcome"] for call in calls] == ["expired", "expired"]
+    other = f"pg-{uuid.uuid4().hex}:a:1"
+    sent = utcnow()
+    provider.start(replace(request, key=other, deadline=sent + timedelta(seconds=30)))
+    [call] = provider.start_calls(other)
+    assert call["outcome"] == "started"
+    assert abs((call["called_at"] - sent).total_seconds()) < 1.0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -125,6 +127,21 @@ def test_start_is_idempotent_per_key(service: AgentService, provider: HttpProvid
     assert first == again != other
     assert service.start_calls == 3
     assert len(service.turns) == 2
+
+
+def test_start_carries_its_deadline_and_a_late_one_begins_nothing(
+    service: AgentService, provider: HttpProvider
+) -> None:
+    options = options_for(service)
+    late = replace(request(options), deadline=datetime.now(UTC) - timedelta(seconds=1))
+    with pytest.raises(RetryableProviderError, match="408"):
+        provider.start(late)
+    assert service.turns == {}
+    deadline = datetime.now(UTC) + timedelta(seconds=30)
+    provider.start(replace(late, deadline=deadline))
+    assert len(service.turns) == 1
+    assert service.deadlines[-1] is not None
+    assert abs(datetime.fromisoformat(service.deadlines[-1]) - deadline) < timedelta(seconds=0.01)
 
 
 def test_failed_and_input_required_turns(service: AgentService, provider: HttpProvider) -> None:

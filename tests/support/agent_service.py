@@ -1,6 +1,7 @@
 """A small real agent service for the http provider tests (stdlib, threaded, loopback).
 
-``POST /runs`` starts a turn (honouring ``Idempotency-Key``), ``GET /runs/{id}`` reports it and
+``POST /runs`` starts a turn (honouring ``Idempotency-Key``, and refusing with 408 a start
+that arrived after its ``Request-Deadline``), ``GET /runs/{id}`` reports it and
 ``POST /runs/{id}/cancel`` stops it. A turn plays ``script``, a list of ``(word, seconds)``
 pairs from its start (the last word is held), so a test scripts what the service says; knobs
 make it hang, answer an error code, or demand a bearer token.
@@ -12,6 +13,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -45,6 +47,8 @@ class AgentService:
     token: str | None = None
     turns: dict[str, Turn] = field(default_factory=dict)
     start_calls: int = 0
+    #: The ``Request-Deadline`` header of every start, in order (``None``: not sent).
+    deadlines: list[str | None] = field(default_factory=list)
     url: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -114,10 +118,15 @@ class AgentService:
 
     def _start(self, request: BaseHTTPRequestHandler, body: Any) -> None:
         key = request.headers.get("Idempotency-Key")
+        deadline = request.headers.get("Request-Deadline")
         with self._lock:
             self.start_calls += 1
+            self.deadlines.append(deadline)
             if self.start_status is not None:
                 self._send(request, self.start_status, {"detail": "start refused by the knob"})
+                return
+            if deadline is not None and datetime.now(UTC) > datetime.fromisoformat(deadline):
+                self._send(request, 408, {"detail": "the start arrived after its deadline"})
                 return
             existing = next((t for t in self.turns.values() if key and t.key == key), None)
             if existing is not None:

@@ -4,6 +4,7 @@ tombstoning cancels, option validation and checkpoint failures."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from orchestration.errors import RetryableProviderError, ValidationError
 from orchestration.providers.base import Provider, ProviderStatus, TurnRef, TurnRequest
 from orchestration.providers.scripted import (
     EXISTING,
+    EXPIRED,
     STARTED,
     TOMBSTONE,
     TURNS,
@@ -250,6 +252,36 @@ def test_a_start_after_the_cancel_of_a_started_turn_is_journaled(
     first, late = provider.start_calls("run:")
     assert (first["outcome"], late["outcome"]) == (STARTED, EXISTING)
     assert first["called_at"] < turn["cancel_requested_at"] < late["called_at"]
+
+
+def test_a_start_that_arrives_after_its_deadline_begins_nothing(
+    provider: ScriptedProvider,
+) -> None:
+    """A request delayed past its deadline (finding 8: a start stuck in the network until
+    after the cancel's claim window) is refused and journaled; the engine's next claim,
+    with a new deadline, begins the turn."""
+    late = replace(_request(states=[["running"]]), deadline=utcnow() - timedelta(seconds=1))
+    with pytest.raises(RetryableProviderError, match="after its deadline; no turn began"):
+        provider.start(late)
+    assert provider.turns("run:") == []
+    fresh = replace(late, deadline=utcnow() + timedelta(seconds=30))
+    provider.start(fresh)
+    assert [call["outcome"] for call in provider.start_calls("run:")] == [EXPIRED, STARTED]
+    [turn] = provider.turns("run:")
+    assert turn["started_at"] <= fresh.deadline
+
+
+def test_a_late_start_after_a_cancel_expires_before_it_meets_the_tombstone(
+    provider: ScriptedProvider,
+) -> None:
+    request = _request(states=[["running"]])
+    provider.cancel(_ref(request))
+    with pytest.raises(RetryableProviderError, match="after its deadline"):
+        provider.start(replace(request, deadline=utcnow() - timedelta(seconds=1)))
+    [call] = provider.start_calls("run:")
+    assert call["outcome"] == EXPIRED
+    [tombstone] = provider.turns("run:")
+    assert tombstone["start_calls"] == 0
 
 
 def test_start_calls_filters_by_a_literal_prefix(provider: ScriptedProvider) -> None:

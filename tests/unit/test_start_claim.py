@@ -234,3 +234,34 @@ def test_a_stale_start_never_clears_a_newer_claim_of_the_same_turn(settings: Set
     )
     step = steps_of(settings, run_id)[0]
     assert (step.start_claimed_at, step.provider_run_id) == (newer, None)
+
+
+def test_a_start_that_reaches_the_provider_after_its_deadline_begins_no_turn(
+    settings: Settings,
+) -> None:
+    """Chaos finding 8: a start sent just before a one-way cut reached the provider after the
+    cancel's claim window had passed. The request carries its deadline (the claim's time plus
+    one call's bound); the scripted provider refuses it on arrival, the engine reads that as
+    an outage, and the next execution claims again with a new deadline and starts."""
+    from orchestration.providers.scripted import EXPIRED, STARTED, ScriptedProvider
+    from tests.unit.support import Clock, step_spec
+
+    run_id = launch(settings, workflow(step_spec(with_={"states": [["running", 1000]]})))
+    behind = utcnow() - timedelta(seconds=settings.provider_timeout + 1)
+    outcome = Stepper(settings, Executor(settings, None), clock=lambda: behind).advance(
+        run_id, 0, 0
+    )
+    assert isinstance(outcome, Poll)
+    provider = ScriptedProvider(settings)
+    assert [call["outcome"] for call in provider.start_calls(run_id + ":")] == [EXPIRED]
+    assert provider.turns(run_id + ":") == []
+    run, step = run_row(settings, run_id), steps_of(settings, run_id)[0]
+    assert (run.status, run.park_reason) == ("parked", "platform_interrupt")
+    assert "after its deadline" in (step.error or "") and step.start_claimed_at is None
+    again = Stepper(settings, Executor(settings, None), clock=Clock(utcnow())).advance(
+        run_id, 0, outcome.tick
+    )
+    assert isinstance(again, Poll)
+    calls = provider.start_calls(run_id + ":")
+    assert [call["outcome"] for call in calls] == [EXPIRED, STARTED]
+    assert steps_of(settings, run_id)[0].provider_run_id is not None

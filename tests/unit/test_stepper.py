@@ -385,6 +385,10 @@ def test_a_provider_outage_parks_platform_interrupt(
     settings_factory: Callable[..., Settings], clock: Clock
 ) -> None:
     settings = settings_factory(provider_timeout=0.05)
+    # The start's deadline is the engine's clock plus ``provider_timeout`` (0.05 s here),
+    # judged on the provider's real clock: an engine clock a second ahead keeps a slow machine
+    # from making the start itself late.
+    clock.advance(1)
     definition = workflow(step_spec(with_={"states": [["running"]], "poll_delay": 5}))
     run_id = launch(settings, definition, now=clock())
     stepper = _stepper(settings, clock)
@@ -403,6 +407,10 @@ def test_an_outage_past_the_park_budget_times_the_run_out(
     settings_factory: Callable[..., Settings], clock: Clock
 ) -> None:
     settings = settings_factory(provider_timeout=0.05, park_budget_platform_interrupt=5)
+    # The start's deadline is the engine's clock plus ``provider_timeout`` (0.05 s here),
+    # judged on the provider's real clock: an engine clock a second ahead keeps a slow machine
+    # from making the start itself late.
+    clock.advance(1)
     definition = workflow(step_spec(with_={"states": [["running"]], "poll_delay": 5}))
     run_id = launch(settings, definition, now=clock())
     stepper = _stepper(settings, clock)
