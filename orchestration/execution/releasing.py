@@ -30,13 +30,20 @@ def release_refused_start(
     holds this execution's claim (a cancel is waiting for it), hand it the turn's id and
     clear the claim: the canceller stops the turn. If the run already ended, or a newer
     attempt holds the step, this execution alone knows the turn's id, so it stops the turn
-    itself (a chaos partition showed a stale execution clearing a newer claim)."""
+    itself (a chaos partition showed a stale execution clearing a newer claim), unless the
+    step has recorded that turn since: then it writes and stops nothing."""
     fit = provider_run_id is not None and bounds.provider_id(provider_run_id, settings)
     known = None if fit else provider_run_id
 
     def release(session: Session) -> Done[int | None]:
         step = step_of(session, run_id, index)
         if step is None:
+            return Done(None)
+        if step.idempotency_key == call.request.key and step.provider_run_id is not None:
+            # The step already holds this very turn (one key, one turn): the execution that
+            # recorded it owns it, and has finished or will stop it. Nothing is this stale
+            # execution's to write (a chaos partition showed it stopping a turn, and writing
+            # the step, after a re-armed execution had completed the run with that turn).
             return Done(None)
         if step.start_claimed_at != call.claimed_at and step.status not in STEP_TERMINAL:
             # Another execution claimed the start since: its claim is not this one's to

@@ -236,6 +236,47 @@ def test_a_stale_start_never_clears_a_newer_claim_of_the_same_turn(settings: Set
     assert (step.start_claimed_at, step.provider_run_id) == (newer, None)
 
 
+def test_a_stale_start_leaves_alone_a_step_that_recorded_its_turn_since(
+    settings: Settings,
+) -> None:
+    """Chaos finding (a partition, CI of 2026-12-02): the start's answer came back after the
+    cut healed; meanwhile a re-armed execution had started the same key, found that turn
+    finished and completed the run. The stale execution found the run moved and stopped the
+    turn and wrote the step (a write after the takeover). The step holds that very turn, so
+    the stale execution writes and stops nothing."""
+    from orchestration.execution import releasing
+    from orchestration.execution.starting import StartCall
+    from orchestration.providers.base import TurnRequest
+    from orchestration.providers.scripted import ScriptedProvider
+    from tests.unit.support import T0, step_spec
+
+    run_id = launch(settings, workflow(step_spec()))
+    key = f"{run_id}:a:1"
+    request = TurnRequest(key=key, run_id=run_id, step_id="a", attempt=1, input="t", options={})
+    provider = ScriptedProvider(settings)
+    turn = provider.start(request)
+    done_at = T0 + timedelta(seconds=9)
+    force_step(
+        settings,
+        run_id,
+        0,
+        status="completed",
+        idempotency_key=key,
+        provider_run_id=turn,
+        start_claimed_at=None,
+        finished_at=done_at,
+        updated_at=done_at,
+    )
+    stale = StartCall(request, "scripted", T0)
+    releasing.release_refused_start(
+        settings, Executor(settings, None), T0 + timedelta(seconds=10), run_id, 0, stale, turn
+    )
+    step = steps_of(settings, run_id)[0]
+    assert (step.turn_stop, step.updated_at, step.provider_run_id) == (None, done_at, turn)
+    [row] = provider.turns(key)
+    assert row["cancel_requested_at"] is None, "the stale execution stopped the step's turn"
+
+
 def test_a_start_that_reaches_the_provider_after_its_deadline_begins_no_turn(
     settings: Settings,
 ) -> None:
