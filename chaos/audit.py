@@ -179,11 +179,14 @@ def _ts(value: datetime | None) -> float | None:
 
 def _strike(fault: Fault) -> tuple[float, float]:
     """When ``fault`` could end a worker's open transaction: a kill at the moment the process
-    was gone; a stop while the worker was frozen (the server aborts its idle transaction); a
-    broker restart or a dropped database until the fleet was healed (workers crash or lose
-    their connections in that time)."""
+    was gone, and for a trapped kill until the trap let the statement it caught go (that
+    statement, the killed call, is stamped when it runs: chaos CI of 2026-12-03 saw a killed
+    start recorded 2 ms after the kill, its repeat then unexcused); a stop while the worker
+    was frozen (the server aborts its idle transaction); a broker restart or a dropped
+    database until the fleet was healed (workers crash or lose their connections in that
+    time)."""
     if fault.kind.startswith("kill"):
-        return fault.at, fault.at
+        return fault.at, fault.until or fault.at
     return fault.at, max(fault.at, fault.until or fault.at, fault.healed or fault.at)
 
 

@@ -89,6 +89,8 @@ class Fault:
     victim: str | None = None
     runs: list[str] = field(default_factory=list)
     detail: str = ""
+    #: When a stop ended, a partition healed or a broker answered again; for a trapped kill,
+    #: when the trap let the statement it caught go.
     until: float | None = None
     outage: tuple[float, float] | None = None
     healed: float | None = None
@@ -225,7 +227,13 @@ class Injector:
         finally:
             # While the trap holds the table, every writer of it waits: that is the harness,
             # not the engine, and the audit accounts for it like an outage.
-            self.holds.append((held_from, time.time()))
+            released = time.time()
+            self.holds.append((held_from, released))
+            if fault.injected and fault.kind.startswith("kill"):
+                # The caught statement runs when the table is let go, after the kill, and
+                # PostgreSQL stamps it then (``statement_timestamp()`` of an extended-protocol
+                # statement that waited on a lock): its rows carry times up to here.
+                fault.until = released
 
     # -- kills ------------------------------------------------------------------------------
     def kill_start(self, fault: Fault) -> None:
