@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import chains, launching
+from orchestration import chains, new_runs
 from orchestration.errors import ConflictError, ValidationError
 from orchestration.followups import Done
 from orchestration.models import Run, Step
@@ -56,7 +56,7 @@ def resume(
             "answer": value,
             "prompt": None,
             "provider_run_id": None,
-            "idempotency_key": launching.idempotency_key(run_id, step_id, attempt),
+            "idempotency_key": new_runs.idempotency_key(run_id, step_id, attempt),
             "started_at": now,
             "error": None,
         },

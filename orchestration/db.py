@@ -157,6 +157,13 @@ def dispose_engines(*, after_fork: bool = False) -> None:
     _FACTORIES.clear()
 
 
+@functools.lru_cache(maxsize=8)
+def postgresql_url(url: str) -> bool:
+    """Whether ``url`` names a PostgreSQL database (the single-statement paths' test before a
+    session is open)."""
+    return make_url(normalize_url(url)).get_backend_name() == "postgresql"
+
+
 def on_postgresql(session: Session) -> bool:
     """Whether the session's database is PostgreSQL: the hot path's single-statement writes
     (data-modifying CTEs) and ``ON CONFLICT`` spellings are PostgreSQL's own."""

@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from orchestration import artifacts
 from orchestration.errors import ConflictError, RunNotFound, ValidationError
-from orchestration.launching import Reuse
 from orchestration.models import Run, Step
+from orchestration.new_runs import Reuse
 from orchestration.states import RunStatus, StepStatus
 
 #: The statuses a run may be rerun from: every end but a completed one.

@@ -235,6 +235,7 @@ class Orchestrator:
             on_conflict=policy,
             now=now,
             read=self._launched,
+            once=True,
         )
         return _traced_launch(record, started, now, owner=owner)
 

@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 from orchestration import artifacts, chains, deadlines, specs, step_specs, templating, workflows
 from orchestration.errors import ValidationError
 from orchestration.followups import ChainPlan
-from orchestration.launching import new_step, queued_event
 from orchestration.models import Run, RunEvent, Step
+from orchestration.new_runs import new_step, queued_event
 from orchestration.settings import Settings
 from orchestration.states import ClaimState, RunStatus, StepStatus
 from orchestration.step_specs import StepSpec

@@ -16,14 +16,12 @@ SQLite has no data-modifying CTEs: there every execution takes the full entry.
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime
 
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from orchestration import deadlines, specs
-from orchestration.db import normalize_url
+from orchestration.db import postgresql_url
 from orchestration.execution import fence
 from orchestration.execution.entry import Entry, Phase, step_row
 from orchestration.followups import Done, Transact
@@ -46,7 +44,7 @@ def attempt(
     from: the message's when the statement wrote nothing, the next one when it fenced the step
     but could not stamp the run. Only a redelivered message (``tick`` past 0, most likely a
     poll) tries it, and only on a database that has data-modifying CTEs."""
-    if not tick or not available(settings.database_url):
+    if not tick or not postgresql_url(settings.database_url):
         return tick
     deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
     bound = fence.params(run_id, index, tick, now, deadline, worker, pid)
@@ -62,9 +60,3 @@ def attempt(
         return Done(Entry(Phase.POLL, tick + 1, step, spec, RunStatus.RUNNING))
 
     return transact(enter, autocommit=True)
-
-
-@functools.lru_cache(maxsize=8)
-def available(database_url: str) -> bool:
-    """Whether the database runs data-modifying CTEs (PostgreSQL)."""
-    return make_url(normalize_url(database_url)).get_backend_name() == "postgresql"

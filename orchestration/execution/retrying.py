@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import null
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, launching, turns
+from orchestration import bounds, new_runs, turns
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.parking import leave_park
@@ -83,7 +83,7 @@ def next_attempt(
         now=now,
         values={
             "attempt": attempt,
-            "idempotency_key": launching.idempotency_key(run.id, step.step_id, attempt),
+            "idempotency_key": new_runs.idempotency_key(run.id, step.step_id, attempt),
             "provider_run_id": None,
             "started_at": None,
             "start_claimed_at": None,

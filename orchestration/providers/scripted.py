@@ -168,7 +168,6 @@ class ScriptedProvider:
             "input": request.input,
             "resume": request.resume,
             "resuming": request.resuming,
-            "start_calls": 1,
         }
         engine = get_engine(self._url)
         if engine.dialect.name == "postgresql" and _started_at_once(
@@ -181,7 +180,7 @@ class ScriptedProvider:
                 outcome = EXPIRED
             elif connection.execute(
                 _insert(engine, TURNS)
-                .values(**values, started_at=arrived)
+                .values(**values, start_calls=1, started_at=arrived)
                 .on_conflict_do_nothing(index_elements=[TURNS.c.key])
                 .returning(TURNS.c.key)
             ).first():
@@ -312,35 +311,51 @@ class ScriptedProvider:
         return [dict(row._mapping) for row in rows]
 
 
-def _started_at_once(engine: Engine, values: dict[str, Any], deadline: datetime | None) -> bool:
-    """PostgreSQL: a new turn and its start call in one statement (the turn's insert a
-    data-modifying CTE, so the call row exists only if the turn does), as one request to a
-    runtime is one round trip. The turn begins when the statement arrived, and only if that
-    is not past ``deadline``. ``False`` when the key exists or the start came too late: the
-    caller journals that call."""
+#: The columns a start writes, bound as ``t_<column>`` in :data:`_START_ONCE`.
+_STARTED_COLUMNS = ("key", "provider_run_id", "options", "input", "resume", "resuming")
+
+
+def _start_once(deadlined: bool) -> Any:
+    """The one-statement start (PostgreSQL), built once: the turn's insert a data-modifying
+    CTE, so the call row exists only if the turn does; the turn begins when the statement
+    arrived (``statement_timestamp()``), and, when ``deadlined``, only if that is not past
+    ``t_deadline``."""
     arrived = func.statement_timestamp()
-    columns = (literal(value, TURNS.c[name].type) for name, value in values.items())
-    source = select(*columns, arrived)
-    if deadline is not None:
-        source = source.where(arrived <= literal(deadline, UTCDateTime()))
+    columns = [bindparam(f"t_{name}", type_=TURNS.c[name].type) for name in _STARTED_COLUMNS]
+    source = select(*columns, literal(1), arrived)
+    if deadlined:
+        source = source.where(arrived <= bindparam("t_deadline", type_=UTCDateTime()))
     began = (
         postgresql.insert(TURNS)
-        .from_select([*values, "started_at"], source)
+        .from_select([*_STARTED_COLUMNS, "start_calls", "started_at"], source)
         .on_conflict_do_nothing(index_elements=[TURNS.c.key])
         .returning(TURNS.c.key, TURNS.c.started_at)
         .cte("began")
     )
-    call = (
+    return (
         START_CALLS.insert()
         .from_select(
             ["key", "called_at", "outcome"],
             select(began.c.key, began.c.started_at, literal(STARTED)),
         )
         .add_cte(began)
+        .returning(START_CALLS.c.key)
     )
+
+
+_START_ONCE = {True: _start_once(True), False: _start_once(False)}
+
+
+def _started_at_once(engine: Engine, values: dict[str, Any], deadline: datetime | None) -> bool:
+    """PostgreSQL: a new turn and its start call in one statement, sent in autocommit, as
+    one request to a runtime is one round trip. ``False`` when the key exists or the start
+    came too late: the caller journals that call."""
+    params = {f"t_{name}": values[name] for name in _STARTED_COLUMNS}
+    if deadline is not None:
+        params["t_deadline"] = deadline
     with engine.connect() as connection:
         done = connection.execution_options(isolation_level="AUTOCOMMIT").execute(
-            call.returning(START_CALLS.c.key)
+            _START_ONCE[deadline is not None], params
         )
         return done.first() is not None
 

@@ -17,11 +17,18 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, func, select
 
-from orchestration.db import get_engine, session_scope, utcnow
-from orchestration.errors import IllegalTransition, RetryableProviderError
-from orchestration.execution import Halt, Poll, Stepper, poll_fence
+from orchestration import launch_once
+from orchestration.db import get_engine, postgresql_url, session_scope, utcnow
+from orchestration.errors import (
+    IdempotencyConflict,
+    IllegalTransition,
+    LimitExceeded,
+    RetryableProviderError,
+)
+from orchestration.execution import Halt, Poll, Stepper
+from orchestration.models import Run
 from orchestration.providers.base import TurnRef, TurnRequest
 from orchestration.providers.scripted import START_CALLS, TURNS, ScriptedProvider, store_url
 from orchestration.runtime.executor import Executor
@@ -87,7 +94,7 @@ def _polling(stack: Stack) -> tuple[Stepper, Clock, str, int]:
 
 
 def test_postgresql_takes_the_fast_entry(stack: Stack) -> None:
-    assert poll_fence.available(stack.settings.database_url)
+    assert postgresql_url(stack.settings.database_url)
 
 
 def test_a_poll_is_one_statement_outside_a_transaction(stack: Stack) -> None:
@@ -222,3 +229,63 @@ def test_a_scripted_start_past_its_deadline_is_refused_on_the_store_clock(stack:
     [call] = provider.start_calls(other)
     assert call["outcome"] == "started"
     assert abs((call["called_at"] - sent).total_seconds()) < 1.0
+
+
+def test_a_launch_is_one_statement_outside_a_transaction(stack: Stack) -> None:
+    settings = stack.settings
+    with sent(settings) as seen:
+        run_id = launch(settings, workflow(step_spec(), step_spec("b")), request_id=_rid())
+    assert seen.statements == [("WITH", True)]
+    run = run_row(settings, run_id)
+    assert (run.status, len(run.task_ids)) == ("queued", 2)
+    assert [step.status for step in steps_of(settings, run_id)] == ["pending", "pending"]
+    assert [(event.to_status, event.cause) for event in events_of(settings, run_id)] == [
+        ("queued", "launched")
+    ]
+
+
+def test_a_replay_and_a_conflict_are_answered_by_the_one_statement(stack: Stack) -> None:
+    settings = stack.settings
+    request_id = _rid()
+    first = launch(settings, workflow(step_spec()), request_id=request_id)
+    with sent(settings) as seen:
+        again = launch(settings, workflow(step_spec()), request_id=request_id)
+    assert again == first
+    # The statement met the request id, wrote nothing and returned the run it names; the
+    # record is read in autocommit too: no transaction.
+    assert seen.statements[0] == ("WITH", True)
+    assert all(autocommit for _, autocommit in seen.statements)
+    with pytest.raises(IdempotencyConflict):
+        launch(settings, workflow(step_spec(task="other")), request_id=request_id)
+    assert len(events_of(settings, first)) == 1
+    with session_scope(settings.database_url) as session:
+        count = session.scalar(
+            select(func.count()).select_from(Run).where(Run.request_id == request_id)
+        )
+    assert count == 1
+
+
+def test_a_launch_over_its_owner_limit_is_refused_and_writes_nothing(stack: Stack) -> None:
+    settings = stack.settings.model_copy(update={"max_active_runs_per_owner": 1})
+    owner = f"limited-{uuid.uuid4().hex[:8]}"
+    launch(settings, workflow(step_spec()), owner=owner, request_id=_rid())
+    with pytest.raises(LimitExceeded):
+        launch(settings, workflow(step_spec()), owner=owner, request_id=_rid())
+    with session_scope(settings.database_url) as session:
+        count = session.scalar(select(func.count()).select_from(Run).where(Run.owner == owner))
+    assert count == 1
+
+
+def test_a_launch_of_more_steps_than_one_statement_takes_goes_by_transaction(
+    stack: Stack,
+) -> None:
+    settings = stack.settings.model_copy(update={"max_steps": launch_once.MOST_STEPS + 1})
+    steps = [step_spec(f"s{index}") for index in range(launch_once.MOST_STEPS + 1)]
+    with sent(settings) as seen:
+        run_id = launch(settings, workflow(*steps), request_id=_rid())
+    assert ("WITH", True) not in seen.statements
+    assert len(steps_of(settings, run_id)) == launch_once.MOST_STEPS + 1
+
+
+def _rid() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,174 @@
+"""A launch on PostgreSQL in one statement, with no transaction around it.
+
+Most launches name a new request id, hold no concurrency key and fit under the capacity
+limits. For those the launch is the admission check and three inserts (the run, its steps,
+the journal row); PostgreSQL runs them as one statement of data-modifying CTEs, and one
+statement is atomic by itself, so it needs no ``BEGIN`` and ``COMMIT``: one round trip
+instead of six. The run's insert is the condition of the rest: it is made only while the
+live runs, in all and of this owner, are under their limits, and it does nothing when the
+owner's request id is taken (``ON CONFLICT DO NOTHING`` on ``uq_runs_owner_request``); the
+steps and the journal row are selected from what it returned, so they exist exactly when the
+run does. The statement also returns the run the request id named before it began: a replay
+(or an idempotency conflict) is answered from that, with no transaction either. A statement
+that wrote nothing and found nothing (a limit reached, or a concurrent launch of the same
+id) tells the caller to take the full transaction, which raises the limit's own error or
+finds the id.
+
+The counts are read in the statement's snapshot, as the transaction's admission ``SELECT``
+reads them: the limits are admission control, not a lock.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Table, and_, bindparam, case, exists, false, func, select, union_all
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Session
+
+from orchestration.db import postgresql_url
+from orchestration.models import Run, RunEvent, Step
+from orchestration.new_runs import NewRun
+from orchestration.settings import Settings
+from orchestration.states import RUN_LIVE
+from orchestration.transitions import JOURNALED
+
+_RUNS = cast(Table, Run.__table__)
+_STEPS = cast(Table, Step.__table__)
+_EVENTS = cast(Table, RunEvent.__table__)
+
+#: The most steps a launch writes in one statement. Each step binds its columns (about 15)
+#: as parameters, a statement takes at most 65,535, and each count of steps is a statement
+#: of its own shape, built once; a longer run goes by the transaction's multi-row insert.
+MOST_STEPS = 200
+
+
+def fits(settings: Settings, request: NewRun) -> bool:
+    """Whether ``request`` may be launched as one statement: on PostgreSQL, a new run (not a
+    rerun) with no concurrency key (whose claim may end another run in the same
+    transaction) and at most :data:`MOST_STEPS` steps."""
+    return (
+        request.concurrency_key is None
+        and request.reuse is None
+        and len(request.steps) <= MOST_STEPS
+        and postgresql_url(settings.database_url)
+    )
+
+
+def set_columns(row: Run | Step | RunEvent) -> dict[str, Any]:
+    """The columns a new row object was given, by column name (what the ORM would insert);
+    every step of a launch is given the same ones."""
+    given = vars(row)
+    columns = row.__table__.columns
+    return {column.key: given[column.key] for column in columns if column.key in given}
+
+
+def journal_row(event: RunEvent) -> dict[str, Any]:
+    """A journal row's columns, all of them (one executemany takes the keys of its first)."""
+    return {name: getattr(event, name) for name in JOURNALED}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the one statement did: wrote the run (``made``), or found the owner's request id
+    taken before it began (``found``, with that run's ``fingerprint``), or neither (a limit,
+    or a concurrent launch of the same id: the transaction decides)."""
+
+    made: bool
+    found: str | None
+    fingerprint: str | None
+
+
+def write(
+    session: Session,
+    settings: Settings,
+    run: dict[str, Any],
+    steps: Sequence[dict[str, Any]],
+    event: dict[str, Any],
+) -> Outcome:
+    """Insert the run, its steps and its journal row if the run is admitted (see the module
+    docstring), in one statement."""
+    statement = _statement(tuple(run), tuple(steps[0]), len(steps))
+    params: dict[str, Any] = {f"r_{name}": value for name, value in run.items()}
+    for index, step in enumerate(steps):
+        params.update({f"s{index}_{name}": value for name, value in step.items()})
+    params.update({f"j_{name}": event[name] for name in JOURNALED})
+    params["max_total"] = settings.max_active_runs
+    params["max_mine"] = settings.max_active_runs_per_owner
+    made, found, fingerprint = session.execute(statement, params).one()
+    return Outcome(bool(made), found, fingerprint)
+
+
+@functools.lru_cache(maxsize=64)
+def _statement(run_columns: tuple[str, ...], step_columns: tuple[str, ...], steps: int) -> Any:
+    """The statement for a run of ``steps`` steps, built once per shape."""
+    live = and_(
+        _RUNS.c.status.in_([status.value for status in RUN_LIVE]),
+        # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they use up no launch.
+        _RUNS.c.parent_run_id.is_(None),
+    )
+    total = select(func.count()).select_from(_RUNS).where(live).scalar_subquery()
+    mine = (
+        select(func.count())
+        .select_from(_RUNS)
+        .where(live, _RUNS.c.owner == bindparam("r_owner", type_=_RUNS.c.owner.type))
+        .scalar_subquery()
+    )
+    taken = exists().where(
+        _RUNS.c.owner == bindparam("r_owner", type_=_RUNS.c.owner.type),
+        _RUNS.c.request_id == bindparam("r_request_id", type_=_RUNS.c.request_id.type),
+    )
+    # A taken request id is looked up first and the counts only when it is free (``CASE``
+    # evaluates its branch lazily): a replay must not pay for counting the live runs.
+    admitted = select(
+        *(bindparam(f"r_{name}", type_=_RUNS.c[name].type) for name in run_columns)
+    ).where(
+        case(
+            (taken, false()),
+            else_=and_(total < bindparam("max_total"), mine < bindparam("max_mine")),
+        )
+    )
+    made = (
+        postgresql.insert(_RUNS)
+        .from_select(list(run_columns), admitted)
+        .on_conflict_do_nothing(constraint="uq_runs_owner_request")
+        .returning(_RUNS.c.id)
+        .cte("made")
+    )
+    rows = [
+        select(
+            *(bindparam(f"s{index}_{name}", type_=_STEPS.c[name].type) for name in step_columns)
+        ).select_from(made)
+        for index in range(steps)
+    ]
+    step_rows = (
+        _STEPS.insert()
+        .from_select(list(step_columns), rows[0] if steps == 1 else union_all(*rows))
+        .cte("step_rows")
+    )
+    row = select(*(bindparam(f"j_{name}", type_=_EVENTS.c[name].type) for name in JOURNALED))
+    journal = (
+        _EVENTS.insert()
+        .from_select(list(JOURNALED), row.select_from(made))
+        .returning(_EVENTS.c.id)
+        .cte("journal")
+    )
+    # The lookups read the statement's snapshot, taken before its inserts: they find a run
+    # only when the request id was taken before this launch, which is then a replay (or a
+    # conflict) answered without a transaction.
+    request = (
+        select(_RUNS.c.id, _RUNS.c.fingerprint)
+        .where(
+            _RUNS.c.owner == bindparam("r_owner", type_=_RUNS.c.owner.type),
+            _RUNS.c.request_id == bindparam("r_request_id", type_=_RUNS.c.request_id.type),
+        )
+        .subquery("request")
+    )
+    return select(
+        exists(select(1).select_from(journal)).label("made"),
+        select(request.c.id).scalar_subquery().label("found"),
+        select(request.c.fingerprint).scalar_subquery().label("fingerprint"),
+    ).add_cte(made, step_rows, journal)
