@@ -11,10 +11,13 @@ from orchestration import bounds, turns
 from orchestration.execution.rows import step_of
 from orchestration.execution.starting import StartCall
 from orchestration.followups import Done, Transact
-from orchestration.providers.base import TurnRef
+from orchestration.providers.base import FINISHED, ProviderStatus, TurnRef, TurnStatus
 from orchestration.settings import Settings
 from orchestration.states import STEP_TERMINAL
 from orchestration.transitions import touch_step
+
+#: Provider statuses of a turn that has ended: there is nothing left to stop.
+ENDED = FINISHED | {ProviderStatus.FAILED, ProviderStatus.CANCELLED}
 
 
 def release_refused_start(
@@ -25,13 +28,15 @@ def release_refused_start(
     index: int,
     call: StartCall,
     provider_run_id: str | None,
+    observed: TurnStatus | None = None,
 ) -> None:
     """The run moved on while its turn was starting. If the step is still live and still
     holds this execution's claim (a cancel is waiting for it), hand it the turn's id and
     clear the claim: the canceller stops the turn. If the run already ended, or a newer
     attempt holds the step, this execution alone knows the turn's id, so it stops the turn
     itself (a chaos partition showed a stale execution clearing a newer claim), unless the
-    step has recorded that turn since: then it writes and stops nothing."""
+    step has recorded that turn since, or the status call right after the start
+    (``observed``) found it ended: then it writes and stops nothing."""
     fit = provider_run_id is not None and bounds.provider_id(provider_run_id, settings)
     known = None if fit else provider_run_id
 
@@ -56,6 +61,11 @@ def release_refused_start(
 
     pk = transact(release)
     if pk is None or known is None:
+        return
+    if observed is not None and observed.status in ENDED:
+        # A turn that has ended has nothing to stop, and the step this execution no longer
+        # owns is not its to write (chaos, a one-way cut: a retried step's stale attempt,
+        # whose failure the re-armed execution had already seen, wrote its stop there).
         return
     ref = TurnRef(call.request.key, known, call.request.options)
     turn = turns.LiveTurn(run_id, index, pk, call.provider, ref)

@@ -238,7 +238,14 @@ class Stepper:
             outcome = self.transact(record)
         except Moved:
             releasing.release_refused_start(
-                self.settings, self.transact, self.clock(), run_id, index, call, provider_run_id
+                self.settings,
+                self.transact,
+                self.clock(),
+                run_id,
+                index,
+                call,
+                provider_run_id,
+                observed,
             )
             return self._after_refusal(run_id)
         return self._settle(run_id, index, tick, outcome, chained)

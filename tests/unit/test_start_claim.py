@@ -277,6 +277,57 @@ def test_a_stale_start_leaves_alone_a_step_that_recorded_its_turn_since(
     assert row["cancel_requested_at"] is None, "the stale execution stopped the step's turn"
 
 
+def test_a_stale_start_whose_turn_has_ended_stops_and_writes_nothing(
+    settings: Settings,
+) -> None:
+    """Chaos finding (a one-way cut, full profile on Redis, 2026-12-03): a retried step's
+    attempt 2 started just before its worker's answers were cut. The re-armed execution saw
+    that attempt's turn fail and moved the step to attempt 3; the stale execution then got its
+    answers, found the run moved, took its turn for an orphan, stopped it and wrote the stop
+    on the step it no longer owned. The status right after the start had said the turn ended:
+    there is nothing to stop and nothing to write."""
+    from orchestration.execution import releasing
+    from orchestration.execution.starting import StartCall
+    from orchestration.providers.base import ProviderStatus, TurnRequest, TurnStatus
+    from orchestration.providers.scripted import ScriptedProvider
+    from tests.unit.support import T0, step_spec
+
+    run_id = launch(settings, workflow(step_spec()))
+    stale_key = f"{run_id}:a:2"
+    request = TurnRequest(
+        key=stale_key, run_id=run_id, step_id="a", attempt=2, input="t", options={}
+    )
+    provider = ScriptedProvider(settings)
+    turn = provider.start(request)
+    moved_at = T0 + timedelta(seconds=9)
+    force_step(
+        settings,
+        run_id,
+        0,
+        status="running",
+        attempt=3,
+        idempotency_key=f"{run_id}:a:3",
+        provider_run_id=None,
+        start_claimed_at=moved_at,
+        updated_at=moved_at,
+    )
+    failed = TurnStatus(ProviderStatus.FAILED, raw="failed")
+    releasing.release_refused_start(
+        settings,
+        Executor(settings, None),
+        T0 + timedelta(seconds=10),
+        run_id,
+        0,
+        StartCall(request, "scripted", T0),
+        turn,
+        failed,
+    )
+    step = steps_of(settings, run_id)[0]
+    assert (step.turn_stop, step.updated_at) == (None, moved_at)
+    [row] = provider.turns(stale_key)
+    assert row["cancel_requested_at"] is None, "the stale execution stopped an ended turn"
+
+
 def test_a_start_that_reaches_the_provider_after_its_deadline_begins_no_turn(
     settings: Settings,
 ) -> None:
