@@ -246,15 +246,11 @@ def test_a_stale_start_leaves_alone_a_step_that_recorded_its_turn_since(
     the stale execution writes and stops nothing."""
     from orchestration.execution import releasing
     from orchestration.execution.starting import StartCall
-    from orchestration.providers.base import TurnRequest
     from orchestration.providers.scripted import ScriptedProvider
-    from tests.unit.support import T0, step_spec
+    from tests.unit.support import T0
 
-    run_id = launch(settings, workflow(step_spec()))
-    key = f"{run_id}:a:1"
-    request = TurnRequest(key=key, run_id=run_id, step_id="a", attempt=1, input="t", options={})
-    provider = ScriptedProvider(settings)
-    turn = provider.start(request)
+    run_id, request, turn = _scripted_turn(settings, attempt=1)
+    key, provider = request.key, ScriptedProvider(settings)
     done_at = T0 + timedelta(seconds=9)
     force_step(
         settings,
@@ -288,17 +284,12 @@ def test_a_stale_start_whose_turn_has_ended_stops_and_writes_nothing(
     there is nothing to stop and nothing to write."""
     from orchestration.execution import releasing
     from orchestration.execution.starting import StartCall
-    from orchestration.providers.base import ProviderStatus, TurnRequest, TurnStatus
+    from orchestration.providers.base import ProviderStatus, TurnStatus
     from orchestration.providers.scripted import ScriptedProvider
-    from tests.unit.support import T0, step_spec
+    from tests.unit.support import T0
 
-    run_id = launch(settings, workflow(step_spec()))
-    stale_key = f"{run_id}:a:2"
-    request = TurnRequest(
-        key=stale_key, run_id=run_id, step_id="a", attempt=2, input="t", options={}
-    )
-    provider = ScriptedProvider(settings)
-    turn = provider.start(request)
+    run_id, request, turn = _scripted_turn(settings, attempt=2)
+    stale_key, provider = request.key, ScriptedProvider(settings)
     moved_at = T0 + timedelta(seconds=9)
     force_step(
         settings,
@@ -357,3 +348,22 @@ def test_a_start_that_reaches_the_provider_after_its_deadline_begins_no_turn(
     calls = provider.start_calls(run_id + ":")
     assert [call["outcome"] for call in calls] == [EXPIRED, STARTED]
     assert steps_of(settings, run_id)[0].provider_run_id is not None
+
+
+def _scripted_turn(settings: Settings, *, attempt: int) -> tuple[str, Any, str]:
+    """A launched run and a real scripted turn started for ``attempt`` of its step ``a``:
+    the run id, the start request and the turn's id."""
+    from orchestration.providers.base import TurnRequest
+    from orchestration.providers.scripted import ScriptedProvider
+    from tests.unit.support import step_spec
+
+    run_id = launch(settings, workflow(step_spec()))
+    request = TurnRequest(
+        key=f"{run_id}:a:{attempt}",
+        run_id=run_id,
+        step_id="a",
+        attempt=attempt,
+        input="t",
+        options={},
+    )
+    return run_id, request, ScriptedProvider(settings).start(request)
