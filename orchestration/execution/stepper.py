@@ -24,14 +24,7 @@ from sqlalchemy.orm import Session
 from orchestration import artifacts, bounds, cancellation, effects, providers, specs
 from orchestration.db import utcnow
 from orchestration.errors import PermanentProviderError, RetryableProviderError
-from orchestration.execution import (
-    calls,
-    finishing,
-    observing,
-    parking,
-    poll_fence,
-    releasing,
-)
+from orchestration.execution import calls, finishing, observing, parking, poll_fence, releasing
 from orchestration.execution import entry as entries
 from orchestration.execution.entry import Entry, Phase
 from orchestration.execution.finishing import EffectsDue
