@@ -20,6 +20,7 @@ from sqlalchemy import Table, and_, bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from orchestration import deadlines, specs
+from orchestration.db import constant_in
 from orchestration.followups import ChainPlan, Followups, Link
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
@@ -64,7 +65,7 @@ _FIRST_LIVE = (
         Step,
         and_(
             Step.run_id == Run.id,
-            Step.status.in_([status.value for status in STEP_LIVE]),
+            constant_in(Step.status, (status.value for status in STEP_LIVE)),
             Step.index >= bindparam("first"),
         ),
     )

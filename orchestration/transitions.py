@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ClauseElement
 
-from orchestration.db import on_postgresql
+from orchestration.db import constant_in, on_postgresql
 from orchestration.errors import IllegalTransition, RunNotFound
 from orchestration.models import Run, RunEvent, Step
 from orchestration.states import (
@@ -68,7 +68,7 @@ def _target(table_name: str, seen: Any) -> tuple[Table, ColumnElement[Any], Colu
     table = _TABLES[table_name]
     key = table.c.id if table_name == "runs" else table.c.pk
     allowed = _LIVE_RUN if table_name == "runs" else _LIVE_STEP
-    guard = table.c.status.in_(allowed) if seen is None else table.c.status == seen
+    guard = constant_in(table.c.status, allowed) if seen is None else table.c.status == seen
     return table, key, guard
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, Select, Table, Update, bindparam, exists, select, update
+from sqlalchemy import Integer, Select, Table, Update, bindparam, exists, func, select, update
 
+from orchestration.db import constant_in
 from orchestration.models import Run, Step
 from orchestration.states import STEP_LIVE, RunStatus, StepStatus
 
@@ -28,7 +29,7 @@ FENCE = (
         STEPS.c.run_id == bindparam("b_run"),
         STEPS.c.index == bindparam("b_index"),
         STEPS.c.polls == bindparam("b_tick"),
-        STEPS.c.status.in_([status.value for status in STEP_LIVE]),
+        constant_in(STEPS.c.status, (status.value for status in STEP_LIVE)),
     )
     .values(
         polls=bindparam("b_tick", type_=Integer) + 1,
@@ -68,19 +69,32 @@ STAMP_RUNNING = (
 )
 
 
-def fence_and_stamp(fence: Update) -> Select[Any]:
+def fence_and_stamp(fence: Update, *, durable: bool = True) -> Select[Any]:
     """``fence`` and the running stamp as one statement: the fenced row, with ``stamped``
-    saying whether the stamp took (no row: the fence did not)."""
+    saying whether the stamp took (no row: the fence did not).
+
+    Not ``durable``: the statement, sent in autocommit, commits without waiting for its WAL
+    to reach the disk (``synchronous_commit`` off for its own implicit transaction only).
+    Only a poll's fence is sent so: a server crash can lose it, but never a later durable
+    commit (WAL is flushed in order), and what it loses (a tick, a heartbeat) the engine
+    recovers by design: the next message's tick no longer fences, and the sweeper re-arms
+    the run once the heartbeat it kept is dead."""
     fenced = fence.cte("fenced")
     stamped = STAMP_RUNNING.where(exists(select(1).select_from(fenced))).cte("stamped")
-    return select(fenced, exists(select(1).select_from(stamped)).label("stamped"))
+    statement = select(fenced, exists(select(1).select_from(stamped)).label("stamped"))
+    if durable:
+        return statement
+    return statement.add_columns(
+        func.set_config("synchronous_commit", "off", True).label("commit_mode")
+    )
 
 
 #: Any live step, as the full entry fences it.
 FENCE_AND_STAMP = fence_and_stamp(FENCE)
 #: Only a step that is running with a provider turn: a plain poll (``poll_fence``).
 FENCE_AND_STAMP_POLL = fence_and_stamp(
-    FENCE.where(STEPS.c.status == StepStatus.RUNNING.value, STEPS.c.provider_run_id.is_not(None))
+    FENCE.where(STEPS.c.status == StepStatus.RUNNING.value, STEPS.c.provider_run_id.is_not(None)),
+    durable=False,
 )
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import Update, bindparam, select, update
 from sqlalchemy.orm import Session, defer
 
 from orchestration import bounds, closing
+from orchestration.db import constant_in
 from orchestration.followups import Followups
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
@@ -17,20 +19,25 @@ from orchestration.states import STEP_TERMINAL, RunStatus, StopReason
 STARTABLE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PARKED)
 MOVABLE = (*STARTABLE, RunStatus.WAITING)
 
-#: Lock and read the run in one statement (the workflow column stays behind: specs are
-#: cached by run), built once.
-_LOCK = (
-    update(Run)
-    .where(
-        Run.id == bindparam("run"),
-        Run.status.in_(bindparam("statuses", expanding=True)),
-        Run.cancel_requested_at.is_(None),
+
+@functools.lru_cache(maxsize=8)
+def _lock(statuses: tuple[str, ...]) -> Update:
+    """Lock and read the run in one statement (the workflow column stays behind: specs are
+    cached by run), built once per set of statuses."""
+    return (
+        update(Run)
+        .where(
+            Run.id == bindparam("run"),
+            constant_in(Run.status, statuses),
+            Run.cancel_requested_at.is_(None),
+        )
+        .values(heartbeat_at=bindparam("now"))
+        .returning(Run)
+        .options(defer(Run.workflow))
+        .execution_options(populate_existing=True, synchronize_session=False)
     )
-    .values(heartbeat_at=bindparam("now"))
-    .returning(Run)
-    .options(defer(Run.workflow))
-    .execution_options(populate_existing=True, synchronize_session=False)
-)
+
+
 _STEP = (
     select(Step)
     .where(Step.run_id == bindparam("run"), Step.index == bindparam("index"))
@@ -55,9 +62,8 @@ def lock(
     with no cancel requested, the step is live, and no newer execution has fenced the step
     since (a worker woken from SIGSTOP must not write over its successor); raise
     :class:`Moved` otherwise."""
-    run = session.scalars(
-        _LOCK, {"run": run_id, "statuses": [status.value for status in statuses], "now": now}
-    ).first()
+    locking = _lock(tuple(status.value for status in statuses))
+    run = session.scalars(locking, {"run": run_id, "now": now}).first()
     if run is None:
         raise Moved
     step = step_of(session, run_id, index)

@@ -27,7 +27,7 @@ from orchestration.errors import (
     LimitExceeded,
     RetryableProviderError,
 )
-from orchestration.execution import Halt, Poll, Stepper
+from orchestration.execution import Halt, Poll, Stepper, fence
 from orchestration.models import Run
 from orchestration.providers.base import TurnRef, TurnRequest
 from orchestration.providers.scripted import START_CALLS, TURNS, ScriptedProvider, store_url
@@ -109,6 +109,23 @@ def test_a_poll_is_one_statement_outside_a_transaction(stack: Stack) -> None:
     run = run_row(stack.settings, run_id)
     assert (run.status, run.heartbeat_at, run.current_step) == ("running", clock(), 0)
     assert run.deadline_at is not None and run.deadline_at > clock()
+
+
+def test_a_poll_commits_without_waiting_for_the_disk_and_only_itself(stack: Stack) -> None:
+    """The poll's statement turns ``synchronous_commit`` off for its own implicit transaction:
+    in effect while it runs, gone from the connection once it returned (a later write on the
+    same pooled connection, a cancel say, still waits for its WAL)."""
+    _, clock, run_id, tick = _polling(stack)
+    bound = fence.params(run_id, 0, tick, clock(), clock() + timedelta(seconds=60), "it", 1)
+    with get_engine(stack.settings.database_url).connect() as connection:
+        connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        row = connection.execute(fence.FENCE_AND_STAMP_POLL, bound).one()
+        assert (row.stamped, row.commit_mode) == (True, "off")
+        after = connection.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+    assert after == "on"
+    assert steps_of(stack.settings, run_id)[0].polls == tick + 1
+    # The full entry's statement, which runs inside the claim's transaction, stays durable.
+    assert "set_config" not in str(fence.FENCE_AND_STAMP)
 
 
 def test_a_stale_delivery_writes_nothing(stack: Stack) -> None:

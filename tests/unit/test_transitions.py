@@ -10,17 +10,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from orchestration import claims
 from orchestration.closing import end_run
-from orchestration.db import session_scope, upgrade
+from orchestration.db import constant_in, session_scope, upgrade
 from orchestration.errors import IllegalTransition, RunNotFound
 from orchestration.followups import Done, Followups
 from orchestration.models import Run, Step
 from orchestration.runtime.executor import Executor
 from orchestration.settings import Settings
 from orchestration.states import (
+    RUN_LIVE,
     RUN_TERMINAL,
     RUN_TRANSITIONS,
     STEP_TERMINAL,
@@ -483,3 +485,14 @@ def test_a_stale_read_is_journalled_from_the_status_really_left(settings: Settin
     assert left is RunStatus.WAITING
     new = events_of(settings, run_id)[len(before) :]
     assert [(e.from_status, e.to_status) for e in new] == [("waiting", "completed")]
+
+
+def test_a_live_guard_is_written_into_the_statement_not_expanded_per_execution() -> None:
+    """The guards' status lists are constants: compiled once, with no expanding parameter
+    for SQLAlchemy to render again at each execution; anything but a plain name is refused."""
+    guard = constant_in(Run.status, sorted(status.value for status in RUN_LIVE))
+    sql = str(select(Run.id).where(guard).compile(dialect=postgresql.dialect()))
+    assert "POSTCOMPILE" not in sql
+    assert "runs.status IN ('cancelling', 'parked', 'queued', 'running', 'waiting')" in sql
+    with pytest.raises(ValueError, match="not constant names"):
+        constant_in(Run.status, ["running', 'x"])
