@@ -66,6 +66,11 @@ from orchestration.states import RUN_TERMINAL, STEP_TERMINAL
 #: Slack between the provider's clock and the database's when a start call is compared with a
 #: write (seconds). Both read the same machine's clock, so only its resolution is allowed.
 CLOCK_RESOLUTION = 0.001
+#: How long after the trap lets go a statement it caught may still be stamped: the killed
+#: worker's backend waits on the lock, and is scheduled to run the statement only after the
+#: harness has read its clock on the release (full chaos, RabbitMQ, 2026-12-03: two killed
+#: starts stamped 2.2 and 2.8 ms after it, their repeats then counted unexplained).
+TRAP_RELEASE_SETTLE = 0.1
 
 #: Allowed past a stated deadline (seconds): the clock's resolution only. The slack the engine
 #: states (``deadlines.slack_seconds``) must itself cover its sweep interval, lock waits,
@@ -179,14 +184,17 @@ def _ts(value: datetime | None) -> float | None:
 
 def _strike(fault: Fault) -> tuple[float, float]:
     """When ``fault`` could end a worker's open transaction: a kill at the moment the process
-    was gone, and for a trapped kill until the trap let the statement it caught go (that
-    statement, the killed call, is stamped when it runs: chaos CI of 2026-12-03 saw a killed
-    start recorded 2 ms after the kill, its repeat then unexcused); a stop while the worker
+    was gone, and for a trapped kill until the statement it caught has run once the trap let
+    it go (that statement, the killed call, is stamped when it runs: chaos CI of 2026-12-03
+    saw a killed start recorded 2 ms after the kill, its repeat then unexcused; it can be
+    stamped a little after the release too, :data:`TRAP_RELEASE_SETTLE`); a stop while the worker
     was frozen (the server aborts its idle transaction); a broker restart or a dropped
     database until the fleet was healed (workers crash or lose their connections in that
     time)."""
     if fault.kind.startswith("kill"):
-        return fault.at, fault.until or fault.at
+        if fault.until is None:
+            return fault.at, fault.at
+        return fault.at, fault.until + TRAP_RELEASE_SETTLE
     return fault.at, max(fault.at, fault.until or fault.at, fault.healed or fault.at)
 
 

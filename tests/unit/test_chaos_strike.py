@@ -4,7 +4,9 @@ when it runs, after the kill."""
 
 from __future__ import annotations
 
-from chaos.audit import _strike
+import pytest
+
+from chaos.audit import TRAP_RELEASE_SETTLE, _strike
 from chaos.faults import Fault
 
 
@@ -13,6 +15,15 @@ def test_a_trapped_kill_strikes_until_the_trap_lets_go() -> None:
     start, end = _strike(kill)
     recorded = 100.002  # the killed start's row, stamped once the lock was released
     assert start <= recorded <= end
+
+
+def test_a_trapped_kill_strikes_while_the_caught_statement_is_scheduled_after_the_release() -> None:
+    """Full chaos on RabbitMQ: the killed worker's statement ran 2.8 ms after the harness
+    read its clock on the release."""
+    kill = Fault("kill_start", at=485.8717, injected=True, until=485.8722)
+    start, end = _strike(kill)
+    assert start <= 485.875 <= end
+    assert end == pytest.approx(485.8722 + TRAP_RELEASE_SETTLE)
 
 
 def test_a_kill_with_nothing_caught_is_an_instant() -> None:
