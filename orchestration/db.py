@@ -39,9 +39,9 @@ DRIVER_PACKAGES = {
 #: caller already has to survive a server lost between the ping and the statement.
 PING_IDLE_SECONDS = 1.0
 _ENGINES: dict[str, Engine] = {}
+_FACTORIES: dict[str, sessionmaker[Session]] = {}
 _NAME = re.compile(r"[a-z_]+")
 _HasColumn = ColumnElement[Any] | QueryableAttribute[Any]
-_FACTORIES: dict[str, sessionmaker[Session]] = {}
 
 
 def utcnow() -> datetime:

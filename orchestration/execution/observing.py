@@ -15,7 +15,7 @@ from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.rows import fail
 from orchestration.followups import Done
 from orchestration.models import Run, Step
-from orchestration.providers.base import FINISHED, ProviderStatus, TurnStatus
+from orchestration.providers.base import FINISHED, STOPPED, ProviderStatus, TurnStatus
 from orchestration.settings import Settings
 from orchestration.states import ParkReason, RetryOn, RunStatus, StepStatus
 from orchestration.step_specs import StepSpec
@@ -67,7 +67,7 @@ def observe(
             recorded=said,
         )
     touch_step(session, step, now, **said)
-    if status in (ProviderStatus.FAILED, ProviderStatus.CANCELLED):
+    if status in STOPPED:
         why = observed.error or f"the provider ended the turn as {observed.raw!r}"
         if status is ProviderStatus.FAILED and retrying.allowed(spec, step, RetryOn.FAILED):
             return retrying.next_attempt(

@@ -11,13 +11,10 @@ from orchestration import bounds, turns
 from orchestration.execution.rows import step_of
 from orchestration.execution.starting import StartCall
 from orchestration.followups import Done, Transact
-from orchestration.providers.base import FINISHED, ProviderStatus, TurnRef, TurnStatus
+from orchestration.providers.base import ENDED, TurnRef, TurnStatus
 from orchestration.settings import Settings
 from orchestration.states import STEP_TERMINAL
 from orchestration.transitions import touch_step
-
-#: Provider statuses of a turn that has ended: there is nothing left to stop.
-ENDED = FINISHED | {ProviderStatus.FAILED, ProviderStatus.CANCELLED}
 
 
 def release_refused_start(

@@ -58,6 +58,10 @@ class ProviderStatus(StrEnum):
 
 #: Statuses that mean the turn finished successfully.
 FINISHED: frozenset[ProviderStatus] = frozenset({ProviderStatus.IDLE, ProviderStatus.COMPLETED})
+#: Statuses that mean the turn ended without an answer.
+STOPPED: frozenset[ProviderStatus] = frozenset({ProviderStatus.FAILED, ProviderStatus.CANCELLED})
+#: Statuses of a turn that has ended, one way or the other: nothing is left to stop.
+ENDED: frozenset[ProviderStatus] = FINISHED | STOPPED
 
 
 @dataclass(frozen=True)
