@@ -14,6 +14,10 @@ that wrote nothing and found nothing (a limit reached, or a concurrent launch of
 id) tells the caller to take the full transaction, which raises the limit's own error or
 finds the id.
 
+The steps go in as one array per column, ``unnest``-ed into rows: the statement and its
+parameters are the same whatever the run's length, so it is built, converted by the driver
+and planned by PostgreSQL once, and a 200-step launch is one statement too.
+
 The counts are read in the statement's snapshot, as the transaction's admission ``SELECT``
 reads them: the limits are admission control, not a lock.
 """
@@ -25,11 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, bindparam, case, exists, false, func, select, union_all
+from sqlalchemy import Table, and_, bindparam, case, exists, false, func, select, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from orchestration.db import postgresql_url
+from orchestration.db import constant_in, postgresql_url
 from orchestration.models import Run, RunEvent, Step
 from orchestration.new_runs import NewRun
 from orchestration.settings import Settings
@@ -40,22 +44,14 @@ _RUNS = cast(Table, Run.__table__)
 _STEPS = cast(Table, Step.__table__)
 _EVENTS = cast(Table, RunEvent.__table__)
 
-#: The most steps a launch writes in one statement. Each step is a ``SELECT`` of its own in
-#: the statement (about 15 bound columns), and the cost of a statement grows faster than its
-#: steps: measured on PostgreSQL, the one statement wins up to 8 steps (3 steps: ~3.6 against
-#: ~4.4 ms) and loses from 10 (20 steps: 7.8 against 6.4 ms; 200: 110 against 39 ms), where
-#: the transaction's multi-row insert is cheaper than the round trips it saves.
-MOST_STEPS = 8
-
 
 def fits(settings: Settings, request: NewRun) -> bool:
     """Whether ``request`` may be launched as one statement: on PostgreSQL, a new run (not a
     rerun) with no concurrency key (whose claim may end another run in the same
-    transaction) and at most :data:`MOST_STEPS` steps."""
+    transaction)."""
     return (
         request.concurrency_key is None
         and request.reuse is None
-        and len(request.steps) <= MOST_STEPS
         and postgresql_url(settings.database_url)
     )
 
@@ -93,10 +89,9 @@ def write(
 ) -> Outcome:
     """Insert the run, its steps and its journal row if the run is admitted (see the module
     docstring), in one statement."""
-    statement = _statement(tuple(run), tuple(steps[0]), len(steps))
+    statement = _statement(tuple(run), tuple(steps[0]))
     params: dict[str, Any] = {f"r_{name}": value for name, value in run.items()}
-    for index, step in enumerate(steps):
-        params.update({f"s{index}_{name}": value for name, value in step.items()})
+    params.update({f"s_{name}": [step[name] for step in steps] for name in steps[0]})
     params.update({f"j_{name}": event[name] for name in JOURNALED})
     params["max_total"] = settings.max_active_runs
     params["max_mine"] = settings.max_active_runs_per_owner
@@ -104,11 +99,11 @@ def write(
     return Outcome(bool(made), found, fingerprint)
 
 
-@functools.lru_cache(maxsize=64)
-def _statement(run_columns: tuple[str, ...], step_columns: tuple[str, ...], steps: int) -> Any:
-    """The statement for a run of ``steps`` steps, built once per shape."""
+@functools.lru_cache(maxsize=8)
+def _statement(run_columns: tuple[str, ...], step_columns: tuple[str, ...]) -> Any:
+    """The statement for rows given these columns, built once per shape."""
     live = and_(
-        _RUNS.c.status.in_([status.value for status in RUN_LIVE]),
+        constant_in(_RUNS.c.status, (status.value for status in RUN_LIVE)),
         # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they use up no launch.
         _RUNS.c.parent_run_id.is_(None),
     )
@@ -140,15 +135,19 @@ def _statement(run_columns: tuple[str, ...], step_columns: tuple[str, ...], step
         .returning(_RUNS.c.id)
         .cte("made")
     )
-    rows = [
-        select(
-            *(bindparam(f"s{index}_{name}", type_=_STEPS.c[name].type) for name in step_columns)
-        ).select_from(made)
-        for index in range(steps)
-    ]
+    given = (
+        func.unnest(
+            *(
+                bindparam(f"s_{name}", type_=postgresql.ARRAY(_STEPS.c[name].type))
+                for name in step_columns
+            )
+        )
+        .table_valued(*step_columns)
+        .render_derived()
+    )
     step_rows = (
         _STEPS.insert()
-        .from_select(list(step_columns), rows[0] if steps == 1 else union_all(*rows))
+        .from_select(list(step_columns), select(*given.c).select_from(made).join(given, true()))
         .cte("step_rows")
     )
     row = select(*(bindparam(f"j_{name}", type_=_EVENTS.c[name].type) for name in JOURNALED))

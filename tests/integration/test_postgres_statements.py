@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select
 
-from orchestration import launch_once
+from orchestration import claims, launching
 from orchestration.db import get_engine, postgresql_url, session_scope, utcnow
 from orchestration.errors import (
     IdempotencyConflict,
@@ -28,7 +28,7 @@ from orchestration.errors import (
     RetryableProviderError,
 )
 from orchestration.execution import Halt, Poll, Stepper, fence
-from orchestration.models import Run
+from orchestration.models import Run, Step
 from orchestration.providers.base import TurnRef, TurnRequest
 from orchestration.providers.scripted import START_CALLS, TURNS, ScriptedProvider, store_url
 from orchestration.runtime.executor import Executor
@@ -293,15 +293,80 @@ def test_a_launch_over_its_owner_limit_is_refused_and_writes_nothing(stack: Stac
     assert count == 1
 
 
-def test_a_launch_of_more_steps_than_one_statement_takes_goes_by_transaction(
-    stack: Stack,
-) -> None:
-    settings = stack.settings.model_copy(update={"max_steps": launch_once.MOST_STEPS + 1})
-    steps = [step_spec(f"s{index}") for index in range(launch_once.MOST_STEPS + 1)]
-    with sent(settings) as seen:
-        run_id = launch(settings, workflow(*steps), request_id=_rid())
-    assert ("WITH", True) not in seen.statements
-    assert len(steps_of(settings, run_id)) == launch_once.MOST_STEPS + 1
+def test_a_long_launch_is_the_same_one_statement_as_a_short_one(stack: Stack) -> None:
+    settings = stack.settings.model_copy(update={"max_steps": 200})
+    texts: list[tuple[str, int]] = []
+
+    def statement(_conn: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
+        if "pg_catalog" not in sql:  # the database's own catalogue, read once per process
+            texts.append((sql, len(params)))
+
+    engine = get_engine(settings.database_url)
+    event.listen(engine, "before_cursor_execute", statement)
+    try:
+        short = launch(settings, workflow(step_spec()), request_id=_rid())
+        long = launch(
+            settings, workflow(*(step_spec(f"s{index}") for index in range(200))), request_id=_rid()
+        )
+    finally:
+        event.remove(engine, "before_cursor_execute", statement)
+    # One statement each, the same text and parameter count: built, converted and planned once.
+    assert len(texts) == 2 and texts[0] == texts[1], [(sql[:40], count) for sql, count in texts]
+    assert len(steps_of(settings, short)) == 1
+    assert [step.step_id for step in steps_of(settings, long)] == [f"s{i}" for i in range(200)]
+
+
+def test_the_one_statement_writes_the_rows_the_transaction_writes(stack: Stack) -> None:
+    settings = stack.settings
+    definition = workflow(step_spec(), step_spec("b", with_=RUNNING))
+    written = []
+    for once in (True, False):
+        run_id = launching.launch_then(
+            Executor(settings, None),
+            settings,
+            definition,
+            {"topic": "x"},
+            owner="owner-1",
+            request_id=_rid(),
+            concurrency_key=None,
+            on_conflict=claims.OnConflict.REJECT,
+            now=T0,
+            read=lambda _, made: made.run.id,
+            once=once,
+        )
+        written.append(
+            (
+                _columns(run_row(settings, run_id), run_id, {"id", "request_id", "task_ids"}),
+                [
+                    _columns(step, run_id, {"pk", "celery_task_id"})
+                    for step in steps_of(settings, run_id)
+                ],
+                [_columns(event, run_id, {"id"}) for event in events_of(settings, run_id)],
+                _nulls(settings, run_id),
+            )
+        )
+    assert written[0] == written[1]
+
+
+def _nulls(settings: Settings, run_id: str) -> list[tuple[bool, ...]]:
+    """Which columns are SQL ``NULL`` (a JSON ``null`` reads back as ``None`` as well)."""
+    rows = []
+    with session_scope(settings.database_url) as session:
+        for table, key in ((Run.__table__, "id"), (Step.__table__, "run_id")):
+            nulls = select(*(column.is_(None) for column in table.columns))
+            rows += session.execute(nulls.where(table.c[key] == run_id)).all()
+    return [tuple(row) for row in rows]
+
+
+def _columns(row: Any, run_id: str, apart: set[str]) -> dict[str, Any]:
+    """A row's columns but those that are new per launch (ids), with its run's id named
+    ``RUN`` (a step's idempotency key holds it)."""
+    values = {}
+    for column in row.__table__.columns:
+        value = getattr(row, column.key)
+        if column.key not in apart:
+            values[column.key] = value.replace(run_id, "RUN") if isinstance(value, str) else value
+    return values
 
 
 def _rid() -> str:
