@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from orchestration import closing, deadlines, turns
+from orchestration.db import constant_in
 from orchestration.errors import IllegalTransition
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
@@ -40,34 +42,45 @@ def request(transact: Transact, settings: Settings, run_id: str, *, now: datetim
 
     Returns ``False`` when the run is already terminal (nothing to do).
     """
-    if not transact(lambda session: Done(_record_request(session, settings, run_id, now, by))):
+    recorded = transact(lambda session: Done(_record_request(session, settings, run_id, now, by)))
+    if recorded is None:
         return False
-    branches = transact(lambda session: Done(closing.live_branches(session, run_id)))
-    for branch in branches:
+    for branch in recorded.branches:
         transact(functools.partial(_request_branch, settings, branch, now, by))
-    for run in (run_id, *branches):
-        _await_starts(transact, settings, run, now)
+    if recorded.in_flight:
+        _await_starts(transact, settings, run_id, now)
+    for branch in recorded.branches:
+        _await_starts(transact, settings, branch, now)
     return True
+
+
+@dataclass(frozen=True)
+class _Requested:
+    """What the request's transaction saw under the run row's lock: the live branch runs to
+    cancel with it, and whether a provider start was in flight."""
+
+    branches: tuple[str, ...]
+    in_flight: bool
 
 
 def _request_branch(
     settings: Settings, run_id: str, now: datetime, by: str, session: Session
 ) -> Done[bool]:
-    return Done(_record_request(session, settings, run_id, now, f"{by}, with its parent"))
+    recorded = _record_request(session, settings, run_id, now, f"{by}, with its parent")
+    return Done(recorded is not None)
 
 
 def _record_request(
     session: Session, settings: Settings, run_id: str, now: datetime, by: str
-) -> bool:
-    run = session.get(Run, run_id, populate_existing=True)
-    if run is None or run.status in RUN_TERMINAL:
-        return False
-    # This UPDATE takes the run row's lock: it waits for a step that is claiming a start.
+) -> _Requested | None:
+    # This UPDATE takes the run row's lock: it waits for a step that is claiming a start, and
+    # a claim after it sees the request. What is read below is read under that lock.
     if not touch_run(
         session, run_id, now, cancel_requested_at=func.coalesce(Run.cancel_requested_at, now)
     ):
-        return False
-    session.refresh(run)
+        return None
+    run = session.get(Run, run_id, populate_existing=True, options=[defer(Run.workflow)])
+    assert run is not None
     if run.status != RunStatus.CANCELLING:
         deadline = deadlines.for_run(
             settings,
@@ -83,8 +96,11 @@ def _record_request(
             cause=f"cancel requested by {by}",
             now=now,
             values={"deadline_at": deadline},
+            seen=RunStatus(run.status),
         )
-    return True
+    return _Requested(
+        closing.live_branches(session, run_id), _in_flight(session, settings, run_id, now)
+    )
 
 
 def finish(
@@ -108,15 +124,16 @@ def finish(
     false when the caller is the run's own step task. Returns ``False`` when another writer
     ended the run first (that writer's end stands).
     """
-    for branch in transact(lambda session: Done(closing.live_branches(session, run_id))):
-        finish(
-            transact, settings, branch, now=now, stop_reason=StopReason.PARENT_ENDED,
-            cause=f"{cause} (its parent run)", revoke=True, lock_timeout=lock_timeout,
-            inline=inline,
-        )  # fmt: skip
-    # The tasks are revoked as soon as this read commits, before the provider cancels: a step
-    # task woken by its provider's answer must not race the cancel to the terminal row.
-    live = transact(lambda session: _live(session, run_id, revoke=revoke))
+    live = transact(lambda session: _live(session, run_id, revoke=revoke, branches=True))
+    if isinstance(live, tuple):
+        for branch in live:
+            finish(
+                transact, settings, branch, now=now, stop_reason=StopReason.PARENT_ENDED,
+                cause=f"{cause} (its parent run)", revoke=True, lock_timeout=lock_timeout,
+                inline=inline,
+            )  # fmt: skip
+        live = transact(lambda session: _live(session, run_id, revoke=revoke, branches=False))
+        assert not isinstance(live, tuple)
     if live is None:
         return False
     if inline:
@@ -147,10 +164,18 @@ def finish(
         return False
 
 
-def _live(session: Session, run_id: str, *, revoke: bool) -> Done[list[turns.LiveTurn] | None]:
-    run = session.get(Run, run_id)
+def _live(
+    session: Session, run_id: str, *, revoke: bool, branches: bool
+) -> Done[list[turns.LiveTurn] | tuple[str, ...] | None]:
+    """The live turns of the run, its tasks revoked as soon as this read commits (before
+    the provider cancels: a step task woken by its provider's answer must not race the cancel
+    to the terminal row); ``None`` when it has ended. With ``branches``, its live branch runs
+    instead, if it has any: they are ended first."""
+    run = session.get(Run, run_id, options=[defer(Run.workflow)])
     if run is None or run.status in RUN_TERMINAL:
         return Done(None)
+    if branches and (live_branches := closing.live_branches(session, run_id)):
+        return Done(live_branches)
     then = Followups(revoke=tuple(run.task_ids)) if revoke else Followups()
     return Done(turns.live_turns(session, run), then)
 
@@ -170,20 +195,22 @@ def _await_starts(transact: Transact, settings: Settings, run_id: str, now: date
     window = turns.claim_window(settings)
     until = time.monotonic() + window.total_seconds()
     while True:
-        in_flight = transact(
-            lambda session: Done(
-                session.scalar(
-                    select(func.count())
-                    .select_from(Step)
-                    .where(
-                        Step.run_id == run_id,
-                        Step.status.in_([status.value for status in STEP_LIVE]),
-                        Step.start_claimed_at > now - window,
-                    )
-                )
-            )
-        )
+        in_flight = transact(lambda session: Done(_in_flight(session, settings, run_id, now)))
         if not in_flight or time.monotonic() >= until:
             return
         # Observing a bounded call end, not ordering two writers: the claim is the order.
         time.sleep(_START_POLL_SECONDS)
+
+
+def _in_flight(session: Session, settings: Settings, run_id: str, now: datetime) -> bool:
+    """Whether a step of the run holds a start claim younger than the claim window."""
+    claimed = (
+        select(Step.pk)
+        .where(
+            Step.run_id == run_id,
+            constant_in(Step.status, (status.value for status in STEP_LIVE)),
+            Step.start_claimed_at > now - turns.claim_window(settings),
+        )
+        .limit(1)
+    )
+    return session.scalar(claimed) is not None

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from orchestration import chains, claims, specs, turns
 from orchestration.errors import RunNotFound
@@ -74,7 +74,7 @@ def end_run(
     # The row lock first (an UPDATE: SQLite ignores FOR UPDATE), so the turns read below are
     # the ones a starting step recorded before it let the row go.
     lock_run(session, run_id, now)
-    run = session.get(Run, run_id, populate_existing=True)
+    run = session.get(Run, run_id, populate_existing=True, options=[defer(Run.workflow)])
     if run is None:
         raise RunNotFound(run_id)
     # Only a holder's end frees its key. A run queued behind the holder releases nothing, and
@@ -90,8 +90,17 @@ def end_run(
     if result is not None:
         values["result"] = result
         values["result_sha256"] = result_sha256
+    # Read under the lock: the compare-and-set is tried on it first (and reads again if it
+    # lost the race).
     transition_run(
-        session, run_id, to, cause=cause, now=now, stop_reason=stop_reason, values=values
+        session,
+        run_id,
+        to,
+        cause=cause,
+        now=now,
+        stop_reason=stop_reason,
+        values=values,
+        seen=RunStatus(run.status),
     )
     live_steps = session.scalars(
         select(Step)
@@ -108,7 +117,9 @@ def end_run(
         step_values = (
             {"error": step_error} if step_error and target is not StepStatus.SKIPPED else {}
         )
-        transition_step(session, step, target, cause=cause, now=now, values=step_values)
+        transition_step(
+            session, step, target, cause=cause, now=now, values=step_values, seen=step.status
+        )
     for stopped in tried:
         turns.record(session, stopped, now, attempts=stop_attempts)
     then = Followups(

@@ -288,7 +288,7 @@ def _claim(
         "attempt": step.attempt,
         "output": step.output,
     }
-    return step.provider, turns.ref_for(run, step), payload
+    return step.provider, turns.ref_for(session, step), payload
 
 
 def _store_checkpoint(

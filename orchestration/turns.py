@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, providers
+from orchestration import bounds, providers, specs
 from orchestration.errors import PermanentProviderError, ProviderError, ValidationError
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
@@ -49,16 +49,12 @@ def start_deadline(settings: Settings, claimed_at: datetime) -> datetime:
     return claimed_at + timedelta(seconds=settings.provider_timeout)
 
 
-def step_options(run: Run, index: int) -> dict[str, object]:
-    """The ``with:`` options of step ``index`` as stored on the run."""
-    options = run.workflow["steps"][index].get("with", {})
-    return dict(options)
-
-
-def ref_for(run: Run, step: Step) -> TurnRef:
-    """How provider calls name this step's current turn."""
+def ref_for(session: Session, step: Step) -> TurnRef:
+    """How provider calls name this step's current turn (its ``with:`` options from the run's
+    cached specs: the workflow column is not read again)."""
     assert step.idempotency_key is not None
-    return TurnRef(step.idempotency_key, step.provider_run_id, step_options(run, step.index))
+    options = specs.of_run(session, step.run_id)[step.index].options
+    return TurnRef(step.idempotency_key, step.provider_run_id, dict(options))
 
 
 @dataclass(frozen=True)
@@ -94,7 +90,7 @@ def live_turns(session: Session, run: Run) -> list[LiveTurn]:
         .execution_options(populate_existing=True)
     ).all()
     return [
-        LiveTurn(run.id, step.index, step.pk, step.provider, ref_for(run, step))
+        LiveTurn(run.id, step.index, step.pk, step.provider, ref_for(session, step))
         for step in steps
         if step.idempotency_key and step.provider not in TURNLESS_PROVIDERS
     ]
@@ -190,7 +186,7 @@ def turn_of(session: Session, run_id: str, index: int) -> tuple[LiveTurn, int] |
     stop = step.turn_stop or {}
     if stop.get("status") != TurnStopStatus.PENDING.value:
         return None
-    ref = ref_for(run, step)
+    ref = ref_for(session, step)
     if stop.get("key") not in (None, ref.key):  # a retried attempt's turn, not the current one
         ref = TurnRef(stop["key"], stop.get("provider_run_id"), ref.options)
     turn = LiveTurn(run.id, step.index, step.pk, step.provider, ref)

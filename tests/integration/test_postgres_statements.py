@@ -32,6 +32,7 @@ from orchestration.models import Run, Step
 from orchestration.providers.base import TurnRef, TurnRequest
 from orchestration.providers.scripted import START_CALLS, TURNS, ScriptedProvider, store_url
 from orchestration.runtime.executor import Executor
+from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
 from orchestration.transitions import transition_run, transition_step
@@ -246,6 +247,34 @@ def test_a_scripted_start_past_its_deadline_is_refused_on_the_store_clock(stack:
     [call] = provider.start_calls(other)
     assert call["outcome"] == "started"
     assert abs((call["called_at"] - sent).total_seconds()) < 1.0
+
+
+def test_a_cancel_between_polls_is_five_transactions_of_the_engine(stack: Stack) -> None:
+    """The owner's read, the request (with the in-flight starts and branch runs read under
+    its lock), the live turns, the terminal rows and the record it returns; the provider's
+    own cancel apart."""
+    settings = stack.settings
+    _, _, run_id, _ = _polling(stack)
+    transactions: list[list[str]] = []
+
+    def begin(_conn: Any) -> None:
+        transactions.append([])
+
+    def statement(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        if transactions and not any(table.name in sql for table in (TURNS, START_CALLS)):
+            transactions[-1].append(sql.split(None, 1)[0].upper())
+
+    engine = get_engine(settings.database_url)
+    event.listen(engine, "begin", begin)
+    event.listen(engine, "before_cursor_execute", statement)
+    try:
+        record = Orchestrator(settings, None).cancel(run_id, owner="owner-1")
+    finally:
+        event.remove(engine, "begin", begin)
+        event.remove(engine, "before_cursor_execute", statement)
+    assert record.status == "cancelled"
+    engine_transactions = [statements for statements in transactions if statements]
+    assert len(engine_transactions) == 5, engine_transactions
 
 
 def test_a_launch_is_one_statement_outside_a_transaction(stack: Stack) -> None:
