@@ -87,11 +87,12 @@ class Run(Base):
         UniqueConstraint("owner", "request_id", name="uq_runs_owner_request"),
         Index("ix_runs_owner_created", "owner", "created_at"),
         # Partial index: the sweeper and the limits touch only live runs, so their cost grows
-        # with live runs and not with history.
+        # with live runs and not with history. No column a poll stamps (heartbeat, deadline,
+        # current step) is in any index of this table: a poll's stamp is then a HOT update,
+        # which writes no index entry (the sweeper reads every live row anyway).
         Index(
             "ix_runs_live",
             "status",
-            "deadline_at",
             postgresql_where=text(_LIVE_SQL),
             sqlite_where=text(_LIVE_SQL),
         ),

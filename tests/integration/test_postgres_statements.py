@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, text
 
 from orchestration import claims, launching
 from orchestration.db import get_engine, postgresql_url, session_scope, utcnow
@@ -127,6 +127,35 @@ def test_a_poll_commits_without_waiting_for_the_disk_and_only_itself(stack: Stac
     assert steps_of(stack.settings, run_id)[0].polls == tick + 1
     # The full entry's statement, which runs inside the claim's transaction, stays durable.
     assert "set_config" not in str(fence.FENCE_AND_STAMP)
+
+
+def test_a_poll_updates_the_run_and_the_step_in_place(stack: Stack) -> None:
+    """Neither row's stamp touches an indexed column, so PostgreSQL updates both in place
+    (HOT: no index entry written), counted by this backend around the statement."""
+    _, clock, run_id, tick = _polling(stack)
+    bound = fence.params(run_id, 0, tick, clock(), clock() + timedelta(seconds=60), "it", 1)
+    counts = text(
+        "SELECT pg_stat_get_xact_tuples_updated(CAST(:table AS regclass)),"
+        " pg_stat_get_xact_tuples_hot_updated(CAST(:table AS regclass))"
+    )
+    with get_engine(stack.settings.database_url).connect() as connection:
+
+        def read() -> dict[str, tuple[int, int]]:
+            # This backend's counts not yet reported, this transaction's included.
+            return {
+                table: tuple(connection.execute(counts, {"table": table}).one())
+                for table in ("runs", "steps")
+            }
+
+        before = read()
+        assert connection.execute(fence.FENCE_AND_STAMP_POLL, bound).one().stamped
+        after = read()
+        connection.rollback()
+    moved = {
+        table: (after[table][0] - before[table][0], after[table][1] - before[table][1])
+        for table in after
+    }
+    assert moved == {"runs": (1, 1), "steps": (1, 1)}
 
 
 def test_a_stale_delivery_writes_nothing(stack: Stack) -> None:
