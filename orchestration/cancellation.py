@@ -208,7 +208,7 @@ def _in_flight(session: Session, settings: Settings, run_id: str, now: datetime)
         select(Step.pk)
         .where(
             Step.run_id == run_id,
-            constant_in(Step.status, (status.value for status in STEP_LIVE)),
+            constant_in(Step.status, STEP_LIVE),
             Step.start_claimed_at > now - turns.claim_window(settings),
         )
         .limit(1)

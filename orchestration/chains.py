@@ -65,7 +65,7 @@ _FIRST_LIVE = (
         Step,
         and_(
             Step.run_id == Run.id,
-            constant_in(Step.status, (status.value for status in STEP_LIVE)),
+            constant_in(Step.status, STEP_LIVE),
             Step.index >= bindparam("first"),
         ),
     )

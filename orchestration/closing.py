@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
 from orchestration import chains, claims, specs, turns
+from orchestration.db import constant_in
 from orchestration.errors import RunNotFound
 from orchestration.followups import Followups
 from orchestration.models import Run, Step
@@ -104,7 +105,7 @@ def end_run(
     )
     live_steps = session.scalars(
         select(Step)
-        .where(Step.run_id == run_id, Step.status.in_([s.value for s in STEP_LIVE]))
+        .where(Step.run_id == run_id, constant_in(Step.status, STEP_LIVE))
         .order_by(Step.index)
         # Transitions write SQL directly; objects already in this session may be stale.
         .execution_options(populate_existing=True)
@@ -145,7 +146,7 @@ def live_branches(session: Session, run_id: str) -> tuple[str, ...]:
     return tuple(
         session.scalars(
             select(Run.id)
-            .where(Run.parent_run_id == run_id, Run.status.in_([s.value for s in RUN_LIVE]))
+            .where(Run.parent_run_id == run_id, constant_in(Run.status, RUN_LIVE))
             .order_by(Run.parent_step, Run.branch)
         )
     )

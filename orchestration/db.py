@@ -177,8 +177,9 @@ def constant_in(column: _HasColumn, values: Iterable[str]) -> ColumnElement[bool
     """``column IN (…)`` with ``values`` written into the statement: an ``IN`` of a list is
     otherwise an expanding parameter, which SQLAlchemy renders again at every execution
     (about 0.1 ms a statement here, on the hot path's every write). For the state machine's
-    constants only: each value must be a plain lower-case name."""
-    names = list(values)
+    constants only (a set of its enums, say): each value must be a plain lower-case name;
+    they are written in sorted order, so one set always gives the same statement."""
+    names = sorted(str(value) for value in values)
     if not all(_NAME.fullmatch(name) for name in names):
         raise ValueError(f"not constant names: {names!r}")
     return column.in_([literal_column(f"'{name}'") for name in names])

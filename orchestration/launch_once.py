@@ -103,7 +103,7 @@ def write(
 def _statement(run_columns: tuple[str, ...], step_columns: tuple[str, ...]) -> Any:
     """The statement for rows given these columns, built once per shape."""
     live = and_(
-        constant_in(_RUNS.c.status, (status.value for status in RUN_LIVE)),
+        constant_in(_RUNS.c.status, RUN_LIVE),
         # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they use up no launch.
         _RUNS.c.parent_run_id.is_(None),
     )

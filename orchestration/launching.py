@@ -49,7 +49,7 @@ _RUNS = cast(Table, Run.__table__)
 _STEPS = cast(Table, Step.__table__)
 _EVENTS = cast(Table, RunEvent.__table__)
 _LIVE = and_(
-    constant_in(Run.status, (status.value for status in RUN_LIVE)),
+    constant_in(Run.status, RUN_LIVE),
     # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they do not use up launches.
     Run.parent_run_id.is_(None),
 )

@@ -31,6 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestration import cancellation, claims, definitions, launching
+from orchestration.db import constant_in
 from orchestration.errors import OrchestrationError, ValidationError
 from orchestration.followups import Done, Transact
 from orchestration.models import Run, WorkflowDefinition
@@ -222,7 +223,7 @@ def _live_before(session: Session, schedule: Schedule, at: datetime) -> list[str
                 ScheduleFire.owner == schedule.owner,
                 ScheduleFire.name == schedule.name,
                 ScheduleFire.fire_at < at,
-                Run.status.in_([status.value for status in RUN_LIVE]),
+                constant_in(Run.status, RUN_LIVE),
             )
             .order_by(ScheduleFire.fire_at.desc())
         )

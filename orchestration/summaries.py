@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from sqlalchemy import ColumnElement, and_, bindparam, case, func, literal, or_, select
 from sqlalchemy.orm import Session
 
+from orchestration.db import constant_in
 from orchestration.errors import ValidationError
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
@@ -171,7 +172,7 @@ def health_expression(settings: Settings, now: datetime) -> ColumnElement[str]:
         (
             and_(
                 Run.status == RunStatus.QUEUED.value,
-                Run.claim.in_([ClaimState.QUEUED.value, ClaimState.SLOT.value]),
+                constant_in(Run.claim, (ClaimState.QUEUED, ClaimState.SLOT)),
             ),
             literal(Health.WAITING.value),
         ),

@@ -43,7 +43,7 @@ from orchestration import (
     fleet_series,
     sweep_rules,
 )
-from orchestration.db import utcnow
+from orchestration.db import constant_in, utcnow
 from orchestration.errors import IllegalTransition
 from orchestration.execution import approving, branching
 from orchestration.followups import Done, Followups, Transact
@@ -258,7 +258,7 @@ class Sweeper:
                     Run.id == run.id,
                     Run.rearms == run.rearms,
                     seen_beat,
-                    Run.status.in_([s.value for s in RUN_LIVE]),
+                    constant_in(Run.status, RUN_LIVE),
                 )
                 .values(rearms=run.rearms + 1, heartbeat_at=now, updated_at=now)
             )
@@ -371,6 +371,6 @@ def _past_deadline(run: Run, now: datetime) -> bool:
 
 
 def _live_runs(session: Session) -> Done[list[Run]]:
-    live = list(session.scalars(select(Run).where(Run.status.in_([s.value for s in RUN_LIVE]))))
+    live = list(session.scalars(select(Run).where(constant_in(Run.status, RUN_LIVE))))
     session.expunge_all()
     return Done(live)

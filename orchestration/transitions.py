@@ -50,13 +50,11 @@ from orchestration.states import (
 #: change still leaves the target reachable (e.g. ``running`` → ``parked`` under us).
 _CAS_TRIES = 5
 
-_LIVE_RUN = [s.value for s in RUN_LIVE]
 _EVENTS = cast(Table, RunEvent.__table__)
 #: The columns of a journal row (``run_events``), as every writer of one fills them.
 JOURNALED = ("run_id", "step_id", "from_status", "to_status", "cause", "stop_reason", "at")
 #: Built once: every transition writes one (binding is cheaper than building it again).
 _JOURNAL = insert(_EVENTS).values({name: bindparam(name) for name in JOURNALED})
-_LIVE_STEP = [s.value for s in STEP_LIVE]
 _TABLES: dict[str, Table] = {"runs": Run.__table__, "steps": Step.__table__}  # type: ignore[dict-item]
 #: ``started_at`` is written only the first time a row starts running.
 _FIRST_START = "started_at"
@@ -67,7 +65,7 @@ def _target(table_name: str, seen: Any) -> tuple[Table, ColumnElement[Any], Colu
     value or a bound parameter), or any live status when ``seen`` is ``None``."""
     table = _TABLES[table_name]
     key = table.c.id if table_name == "runs" else table.c.pk
-    allowed = _LIVE_RUN if table_name == "runs" else _LIVE_STEP
+    allowed = RUN_LIVE if table_name == "runs" else STEP_LIVE
     guard = constant_in(table.c.status, allowed) if seen is None else table.c.status == seen
     return table, key, guard
 

@@ -20,6 +20,7 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from orchestration import bounds, providers, specs
+from orchestration.db import constant_in
 from orchestration.errors import PermanentProviderError, ProviderError, ValidationError
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
@@ -85,7 +86,7 @@ def live_turns(session: Session, run: Run) -> list[LiveTurn]:
         select(Step)
         .where(
             Step.run_id == run.id,
-            Step.status.in_([StepStatus.RUNNING.value, StepStatus.PARKED.value]),
+            constant_in(Step.status, (StepStatus.RUNNING, StepStatus.PARKED)),
         )
         .execution_options(populate_existing=True)
     ).all()

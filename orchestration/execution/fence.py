@@ -29,7 +29,7 @@ FENCE = (
         STEPS.c.run_id == bindparam("b_run"),
         STEPS.c.index == bindparam("b_index"),
         STEPS.c.polls == bindparam("b_tick"),
-        constant_in(STEPS.c.status, (status.value for status in STEP_LIVE)),
+        constant_in(STEPS.c.status, STEP_LIVE),
     )
     .values(
         polls=bindparam("b_tick", type_=Integer) + 1,
