@@ -60,26 +60,40 @@ RUNNING = {"states": [["running", 100000], ["completed"]]}
 class Sent:
     #: ``(first word, whether the connection was in autocommit)`` per statement.
     statements: list[tuple[str, bool]] = field(default_factory=list)
+    #: ``(SQL, number of parameters)`` per statement.
+    texts: list[tuple[str, int]] = field(default_factory=list)
+    #: The first words of each begun transaction's statements (empty: it sent none).
+    transactions: list[list[str]] = field(default_factory=list)
 
 
 @contextmanager
 def sent(settings: Settings) -> Iterator[Sent]:
     """The statements sent to the engine's tables, and whether each ran in a transaction (on
     PostgreSQL the scripted provider keeps its turns in the same database: its reads are the
-    provider's, not the engine's)."""
+    provider's, not the engine's; the database's own catalogue, read once per process, is
+    not the engine's either)."""
     engine = get_engine(settings.database_url)
     seen = Sent()
 
-    def statement(conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
-        if any(table.name in sql for table in (TURNS, START_CALLS)):
+    def begin(_conn: Any) -> None:
+        seen.transactions.append([])
+
+    def statement(conn: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
+        if "pg_catalog" in sql or any(table.name in sql for table in (TURNS, START_CALLS)):
             return
         autocommit = bool(conn.connection.dbapi_connection.autocommit)
-        seen.statements.append((sql.split(None, 1)[0].upper(), autocommit))
+        word = sql.split(None, 1)[0].upper()
+        seen.statements.append((word, autocommit))
+        seen.texts.append((sql, len(params)))
+        if seen.transactions:
+            seen.transactions[-1].append(word)
 
+    event.listen(engine, "begin", begin)
     event.listen(engine, "before_cursor_execute", statement)
     try:
         yield seen
     finally:
+        event.remove(engine, "begin", begin)
         event.remove(engine, "before_cursor_execute", statement)
 
 
@@ -284,25 +298,10 @@ def test_a_cancel_between_polls_is_five_transactions_of_the_engine(stack: Stack)
     own cancel apart."""
     settings = stack.settings
     _, _, run_id, _ = _polling(stack)
-    transactions: list[list[str]] = []
-
-    def begin(_conn: Any) -> None:
-        transactions.append([])
-
-    def statement(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
-        if transactions and not any(table.name in sql for table in (TURNS, START_CALLS)):
-            transactions[-1].append(sql.split(None, 1)[0].upper())
-
-    engine = get_engine(settings.database_url)
-    event.listen(engine, "begin", begin)
-    event.listen(engine, "before_cursor_execute", statement)
-    try:
+    with sent(settings) as seen:
         record = Orchestrator(settings, None).cancel(run_id, owner="owner-1")
-    finally:
-        event.remove(engine, "begin", begin)
-        event.remove(engine, "before_cursor_execute", statement)
     assert record.status == "cancelled"
-    engine_transactions = [statements for statements in transactions if statements]
+    engine_transactions = [statements for statements in seen.transactions if statements]
     assert len(engine_transactions) == 5, engine_transactions
 
 
@@ -353,22 +352,13 @@ def test_a_launch_over_its_owner_limit_is_refused_and_writes_nothing(stack: Stac
 
 def test_a_long_launch_is_the_same_one_statement_as_a_short_one(stack: Stack) -> None:
     settings = stack.settings.model_copy(update={"max_steps": 200})
-    texts: list[tuple[str, int]] = []
-
-    def statement(_conn: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
-        if "pg_catalog" not in sql:  # the database's own catalogue, read once per process
-            texts.append((sql, len(params)))
-
-    engine = get_engine(settings.database_url)
-    event.listen(engine, "before_cursor_execute", statement)
-    try:
+    with sent(settings) as seen:
         short = launch(settings, workflow(step_spec()), request_id=_rid())
         long = launch(
             settings, workflow(*(step_spec(f"s{index}") for index in range(200))), request_id=_rid()
         )
-    finally:
-        event.remove(engine, "before_cursor_execute", statement)
     # One statement each, the same text and parameter count: built, converted and planned once.
+    texts = seen.texts
     assert len(texts) == 2 and texts[0] == texts[1], [(sql[:40], count) for sql, count in texts]
     assert len(steps_of(settings, short)) == 1
     assert [step.step_id for step in steps_of(settings, long)] == [f"s{i}" for i in range(200)]
