@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Update,
     bindparam,
+    exists,
     func,
     insert,
     select,
@@ -72,7 +73,12 @@ def _target(table_name: str, seen: Any) -> tuple[Table, ColumnElement[Any], Colu
 
 @functools.lru_cache(maxsize=256)
 def _guarded(
-    table_name: str, live: bool, columns: tuple[str, ...], first_start: bool, journaled: bool
+    table_name: str,
+    live: bool,
+    columns: tuple[str, ...],
+    first_start: bool,
+    journaled: bool,
+    run_columns: tuple[str, ...] = (),
 ) -> Update | Insert:
     """The compare-and-set ``UPDATE`` of ``columns`` on one row (``w_key``): on the status it
     was seen in (``w_seen``), or on any live status (``live``). Built once per shape, on the
@@ -81,7 +87,10 @@ def _guarded(
 
     ``journaled`` (PostgreSQL): the update is a data-modifying CTE and the statement is the
     journal row's ``INSERT … SELECT … FROM moved RETURNING id``, so a transition is one round
-    trip and the journal row exists exactly when the row moved."""
+    trip and the journal row exists exactly when the row moved. ``run_columns`` (with
+    ``journaled``, a step's move): the step's run (``r_key``), if live, gets those columns
+    (``r_…``) in the same statement, only when the step moved, as :func:`touch_run` would
+    write them after it."""
     table, key, guard = _target(table_name, None if live else bindparam("w_seen"))
     sets: dict[str, ColumnElement[Any]] = {
         column: bindparam(f"v_{column}", type_=table.c[column].type) for column in columns
@@ -98,7 +107,17 @@ def _guarded(
     journal = insert(_EVENTS).from_select(list(JOURNALED), row.select_from(cte))
     # The journal row's id says that the row moved: a row count of ``INSERT … SELECT`` under
     # a CTE is not reported (``-1``).
-    return journal.add_cte(cte).returning(_EVENTS.c.id)
+    journal = journal.add_cte(cte)
+    if run_columns:
+        runs, run_key, run_guard = _target("runs", None)
+        touched = (
+            update(runs)
+            .where(run_key == bindparam("r_key"), run_guard, exists(select(1).select_from(cte)))
+            .values({c: bindparam(f"r_{c}", type_=runs.c[c].type) for c in run_columns})
+        )
+        # PostgreSQL runs a data-modifying CTE to completion though nothing reads it.
+        journal = journal.add_cte(touched.cte("touched"))
+    return journal.returning(_EVENTS.c.id)
 
 
 def _write(
@@ -110,10 +129,12 @@ def _write(
     seen: str | None = None,
     first_start: datetime | None = None,
     journal: Mapping[str, Any] | None = None,
+    run_values: Mapping[str, Any] | None = None,
 ) -> int:
-    """Run the guarded update of ``values`` and, if it matched, write the ``journal`` row;
-    the number of rows it matched (0 or 1). A value that is an SQL expression is a caller's
-    own: that write is built for the call."""
+    """Run the guarded update of ``values`` and, if it matched, write the ``journal`` row
+    and touch the step's run with ``run_values`` (see :func:`transition_step`); the number
+    of rows it matched (0 or 1). A value that is an SQL expression is a caller's own: that
+    write is built for the call."""
     if any(isinstance(value, ClauseElement) for value in values.values()):
         table, row, guard = _target(table_name, seen)
         written = dict(values)
@@ -130,16 +151,24 @@ def _write(
             params["w_seen"] = seen
         if first:
             params["v_first_start"] = first_start
+        run_columns: tuple[str, ...] = ()
         if together:
             assert journal is not None
             params.update({f"j_{name}": value for name, value in journal.items()})
-        statement = _guarded(table_name, seen is None, tuple(values), first, together)
+            if run_values is not None:
+                run_set = {"updated_at": values["updated_at"], **run_values}
+                run_columns = tuple(run_set)
+                params["r_key"] = journal["run_id"]
+                params.update({f"r_{name}": value for name, value in run_set.items()})
+        statement = _guarded(table_name, seen is None, tuple(values), first, together, run_columns)
         done = session.execute(statement, params)
     if together:
         return len(done.all())
     matched = int(done.rowcount)  # type: ignore[attr-defined]
     if matched and journal is not None:
         session.execute(_JOURNAL, journal)
+        if run_values is not None:
+            touch_run(session, journal["run_id"], values["updated_at"], **run_values)
     return matched
 
 
@@ -229,13 +258,15 @@ def transition_step(
     expect: Collection[StepStatus] | None = None,
     values: Mapping[str, Any] | None = None,
     seen: StepStatus | None = None,
+    run_values: Mapping[str, Any] | None = None,
 ) -> StepStatus:
     """Move ``step`` to ``to`` and journal it; return the status it left.
 
     The row is compared and set in SQL (``step`` is only used for its key, run and id); raises
     :class:`IllegalTransition` when the current status does not allow ``to``. ``seen`` as for
-    :func:`transition_run`.
-    """
+    :func:`transition_run`. ``run_values``: non-status columns of the step's run, written as
+    :func:`touch_run` writes them once the step moved (on PostgreSQL in the move's statement:
+    a step completed and its run moved on is one round trip)."""
     row_values: dict[str, Any] = {"status": to.value, "updated_at": now, **(values or {})}
     if to in STEP_TERMINAL:
         row_values.update(finished_at=now, next_poll_at=None)
@@ -259,6 +290,7 @@ def transition_step(
             seen=seen.value,
             first_start=first_start,
             journal=journal,
+            run_values=run_values,
         ):
             return seen
         seen = None

@@ -132,6 +132,17 @@ def complete(
             ),
         )
     failed = "; ".join(progress.exhausted)
+    last = step.index == steps - 1
+    waiting = run.status == RunStatus.WAITING
+    # The next step has not started: until its first execution stamps the run, the deadline
+    # is the heartbeat's (the finished step's timeout no longer bounds anything).
+    moved = {
+        "current_step": step.index + 1,
+        "heartbeat_at": now,
+        "deadline_at": deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now),
+    }
+    # A running run whose message carries the next link is moved on in the step's statement.
+    along = not last and chained and not waiting
     transition_step(
         session,
         step,
@@ -140,8 +151,11 @@ def complete(
         now=now,
         values={**(values or {}), "error": failed or None},
         seen=StepStatus(step.status),
+        run_values=moved if along else None,
     )
-    if step.index == steps - 1:
+    if along:
+        return Done(Proceed())
+    if last:
         then = closing.end_run(
             session,
             settings,
@@ -155,14 +169,6 @@ def complete(
             revoke=False,
         )
         return Done(Proceed(), then)
-    # The next step has not started: until its first execution stamps the run, the deadline
-    # is the heartbeat's (the finished step's timeout no longer bounds anything).
-    moved = {
-        "current_step": step.index + 1,
-        "heartbeat_at": now,
-        "deadline_at": deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now),
-    }
-    waiting = run.status == RunStatus.WAITING
     if waiting:
         transition_run(
             session,

@@ -6,11 +6,11 @@ import functools
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import Update, bindparam, select, update
-from sqlalchemy.orm import Session, defer
+from sqlalchemy import Select, Table, Update, and_, bindparam, select, update
+from sqlalchemy.orm import Session, aliased, defer
 
 from orchestration import bounds, closing
-from orchestration.db import constant_in
+from orchestration.db import constant_in, on_postgresql
 from orchestration.followups import Followups
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
@@ -18,6 +18,9 @@ from orchestration.states import STEP_TERMINAL, RunStatus, StopReason
 
 STARTABLE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PARKED)
 MOVABLE = (*STARTABLE, RunStatus.WAITING)
+
+
+_RUNS: Table = Run.__table__  # type: ignore[assignment]
 
 
 @functools.lru_cache(maxsize=8)
@@ -35,6 +38,35 @@ def _lock(statuses: tuple[str, ...]) -> Update:
         .returning(Run)
         .options(defer(Run.workflow))
         .execution_options(populate_existing=True, synchronize_session=False)
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _lock_with_step(statuses: tuple[str, ...]) -> Select[Run, Step]:
+    """:func:`_lock` and the step's read in one statement (PostgreSQL: a data-modifying CTE).
+
+    The step is read ``FOR NO KEY UPDATE`` (the lock its update takes anyway), after the
+    run's lock: the statement's snapshot was taken before any wait for the run row, and a
+    locking read returns the step's latest committed version, not the snapshot's, so a write
+    committed under the run lock meanwhile (a newer fence's) is seen, as the separate read
+    after the lock saw it."""
+    locked = (
+        update(_RUNS)
+        .where(
+            _RUNS.c.id == bindparam("run"),
+            constant_in(_RUNS.c.status, statuses),
+            _RUNS.c.cancel_requested_at.is_(None),
+        )
+        .values(heartbeat_at=bindparam("now"))
+        .returning(*(column for column in _RUNS.c if column.key != "workflow"))
+        .cte("locked")
+    )
+    run = aliased(Run, locked)
+    return (
+        select(run, Step)
+        .join(Step, and_(Step.run_id == run.id, Step.index == bindparam("index")))
+        .with_for_update(of=Step, key_share=True)
+        .execution_options(populate_existing=True)
     )
 
 
@@ -62,12 +94,20 @@ def lock(
     with no cancel requested, the step is live, and no newer execution has fenced the step
     since (a worker woken from SIGSTOP must not write over its successor); raise
     :class:`Moved` otherwise."""
-    locking = _lock(tuple(status.value for status in statuses))
-    run = session.scalars(locking, {"run": run_id, "now": now}).first()
-    if run is None:
-        raise Moved
-    step = step_of(session, run_id, index)
-    assert step is not None
+    names = tuple(status.value for status in statuses)
+    bound = {"run": run_id, "now": now, "index": index}
+    if on_postgresql(session):
+        found = session.execute(_lock_with_step(names), bound).first()
+        if found is None:
+            raise Moved
+        run, step = found
+    else:
+        locked = session.scalars(_lock(names), bound).first()
+        if locked is None:
+            raise Moved
+        read = step_of(session, run_id, index)
+        assert read is not None
+        run, step = locked, read
     if step.status in STEP_TERMINAL or step.polls != tick:
         raise Moved
     return run, step

@@ -9,6 +9,8 @@ the module is skipped (with ``CI=true`` the suite refuses to start without it).
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +29,7 @@ from orchestration.errors import (
     LimitExceeded,
     RetryableProviderError,
 )
-from orchestration.execution import Halt, Poll, Stepper, fence
+from orchestration.execution import Halt, Poll, Proceed, Stepper, fence
 from orchestration.models import Run, Step
 from orchestration.providers.base import TurnRef, TurnRequest
 from orchestration.providers.scripted import START_CALLS, TURNS, ScriptedProvider, store_url
@@ -419,3 +421,114 @@ def _columns(row: Any, run_id: str, apart: set[str]) -> dict[str, Any]:
 
 def _rid() -> str:
     return uuid.uuid4().hex
+
+
+INSTANT = {"states": [["completed"]]}
+
+
+def test_an_instant_step_completes_and_moves_its_run_in_its_write_statements(
+    stack: Stack,
+) -> None:
+    """An instant step's write transaction: the run's lock with the step's read, the
+    checkpoint's record, and the step's completion with the run moved on, three statements
+    (was five: the step read after the lock, the run's move after the step's)."""
+    settings = stack.settings
+    clock = Clock(T0)
+    stepper = Stepper(settings, Executor(settings, None), clock=clock, worker="it", pid=1)
+    steps = [step_spec(step_id, with_=INSTANT) for step_id in "abc"]
+    run_id = launch(settings, workflow(*steps), now=T0)
+    assert isinstance(stepper.advance(run_id, 0, 0, chained=True), Proceed)
+    later = clock.advance(5)
+    with sent(settings) as seen:
+        outcome = stepper.advance(run_id, 1, 0, chained=True)
+    assert isinstance(outcome, Proceed), outcome
+    engine_transactions = [statements for statements in seen.transactions if statements]
+    assert engine_transactions == [["WITH", "WITH"], ["WITH", "WITH", "WITH"]], engine_transactions
+    run = run_row(settings, run_id)
+    assert [step.status for step in steps_of(settings, run_id)] == [
+        "completed",
+        "completed",
+        "pending",
+    ]
+    assert (run.status, run.current_step) == ("running", 2)
+    assert run.heartbeat_at == later and run.updated_at == later
+    assert run.deadline_at is not None and run.deadline_at > later
+
+
+def test_a_step_that_does_not_move_leaves_its_run_untouched(stack: Stack) -> None:
+    """The run's columns ride on the step's compare-and-set: a step in another status than
+    the one seen moves nothing, so the run is not written either (and the retried
+    compare-and-set, on the status read back, writes both)."""
+    settings = stack.settings
+    run_id = launch(settings, workflow(step_spec(with_=RUNNING)), now=T0)
+    step = steps_of(settings, run_id)[0]
+    later = T0 + timedelta(seconds=5)
+    # Tried on ``running``, the step is ``pending``: nothing moves, and from ``pending`` the
+    # step may not complete.
+    with (
+        sent(settings) as seen,
+        pytest.raises(IllegalTransition),
+        session_scope(settings.database_url) as session,
+    ):
+        transition_step(
+            session,
+            step,
+            StepStatus.COMPLETED,
+            cause="test",
+            now=later,
+            seen=StepStatus.RUNNING,
+            run_values={"current_step": 7},
+        )
+    assert [word for word, _ in seen.statements] == ["WITH", "SELECT"]
+    run = run_row(settings, run_id)
+    assert (run.current_step, run.updated_at) == (0, T0)
+    with session_scope(settings.database_url) as session:
+        transition_step(
+            session,
+            step,
+            StepStatus.RUNNING,
+            cause="test",
+            now=later,
+            seen=StepStatus.RETRYING,
+            run_values={"current_step": 7},
+        )
+    run = run_row(settings, run_id)
+    assert (run.current_step, run.updated_at) == (7, later)
+
+
+def test_a_write_sees_the_step_as_committed_while_it_waited_for_the_run(stack: Stack) -> None:
+    """The run's lock and the step's read are one statement, whose snapshot is taken before
+    it waits for the run row: the step is read with a lock, so a change committed under the
+    run's lock meanwhile (here a newer execution's fence) is what the write sees, and it
+    refuses (``Moved``) instead of writing over its successor."""
+    from orchestration.execution.rows import STARTABLE, Moved, lock
+    from orchestration.transitions import lock_run, touch_step
+
+    settings = stack.settings
+    _, _, run_id, tick = _polling(stack)
+    step = steps_of(settings, run_id)[0]
+    engine = get_engine(settings.database_url)
+    outcome: list[object] = []
+
+    def write() -> None:
+        try:
+            with session_scope(settings.database_url) as session:
+                lock(session, run_id, 0, tick, T0, STARTABLE)
+            outcome.append("locked")
+        except Moved:
+            outcome.append("moved")
+
+    with session_scope(settings.database_url) as holder:
+        assert lock_run(holder, run_id, T0)
+        touch_step(holder, step, T0, polls=tick + 1)
+        waiter = threading.Thread(target=write)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        with engine.connect() as probe:
+            while not probe.execute(
+                text("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            ).scalar():
+                assert time.monotonic() < deadline, "the write never waited for the run row"
+                time.sleep(0.01)
+    waiter.join(10)
+    assert outcome == ["moved"]
