@@ -463,35 +463,27 @@ def test_a_step_that_does_not_move_leaves_its_run_untouched(stack: Stack) -> Non
     run_id = launch(settings, workflow(step_spec(with_=RUNNING)), now=T0)
     step = steps_of(settings, run_id)[0]
     later = T0 + timedelta(seconds=5)
+
+    def move(to: StepStatus, seen: StepStatus) -> None:
+        with session_scope(settings.database_url) as session:
+            transition_step(
+                session,
+                step,
+                to,
+                cause="test",
+                now=later,
+                seen=seen,
+                run_values={"current_step": 7},
+            )
+
     # Tried on ``running``, the step is ``pending``: nothing moves, and from ``pending`` the
     # step may not complete.
-    with (
-        sent(settings) as seen,
-        pytest.raises(IllegalTransition),
-        session_scope(settings.database_url) as session,
-    ):
-        transition_step(
-            session,
-            step,
-            StepStatus.COMPLETED,
-            cause="test",
-            now=later,
-            seen=StepStatus.RUNNING,
-            run_values={"current_step": 7},
-        )
+    with sent(settings) as seen, pytest.raises(IllegalTransition):
+        move(StepStatus.COMPLETED, StepStatus.RUNNING)
     assert [word for word, _ in seen.statements] == ["WITH", "SELECT"]
     run = run_row(settings, run_id)
     assert (run.current_step, run.updated_at) == (0, T0)
-    with session_scope(settings.database_url) as session:
-        transition_step(
-            session,
-            step,
-            StepStatus.RUNNING,
-            cause="test",
-            now=later,
-            seen=StepStatus.RETRYING,
-            run_values={"current_step": 7},
-        )
+    move(StepStatus.RUNNING, StepStatus.RETRYING)
     run = run_row(settings, run_id)
     assert (run.current_step, run.updated_at) == (7, later)
 
