@@ -6,7 +6,7 @@ import functools
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import Select, Table, Update, and_, bindparam, select, update
+from sqlalchemy import ColumnElement, Select, Table, Update, and_, bindparam, select, update
 from sqlalchemy.orm import Session, aliased, defer
 
 from orchestration import bounds, closing
@@ -23,17 +23,23 @@ MOVABLE = (*STARTABLE, RunStatus.WAITING)
 _RUNS: Table = Run.__table__  # type: ignore[assignment]
 
 
+def _writable(statuses: tuple[str, ...]) -> tuple[ColumnElement[bool], ...]:
+    """The run an execution may write: ``run``, in one of ``statuses``, no cancel requested
+    (the guard of both forms of the lock)."""
+    return (
+        Run.id == bindparam("run"),
+        constant_in(Run.status, statuses),
+        Run.cancel_requested_at.is_(None),
+    )
+
+
 @functools.lru_cache(maxsize=8)
 def _lock(statuses: tuple[str, ...]) -> Update:
     """Lock and read the run in one statement (the workflow column stays behind: specs are
     cached by run), built once per set of statuses."""
     return (
         update(Run)
-        .where(
-            Run.id == bindparam("run"),
-            constant_in(Run.status, statuses),
-            Run.cancel_requested_at.is_(None),
-        )
+        .where(*_writable(statuses))
         .values(heartbeat_at=bindparam("now"))
         .returning(Run)
         .options(defer(Run.workflow))
@@ -52,11 +58,7 @@ def _lock_with_step(statuses: tuple[str, ...]) -> Select[Run, Step]:
     after the lock saw it."""
     locked = (
         update(_RUNS)
-        .where(
-            _RUNS.c.id == bindparam("run"),
-            constant_in(_RUNS.c.status, statuses),
-            _RUNS.c.cancel_requested_at.is_(None),
-        )
+        .where(*_writable(statuses))
         .values(heartbeat_at=bindparam("now"))
         .returning(*(column for column in _RUNS.c if column.key != "workflow"))
         .cte("locked")
