@@ -30,6 +30,7 @@ from orchestration.errors import (
     RetryableProviderError,
 )
 from orchestration.execution import Halt, Poll, Proceed, Stepper, fence
+from orchestration.execution.rows import STARTABLE, Moved, lock
 from orchestration.models import Run, Step
 from orchestration.providers.base import TurnRef, TurnRequest
 from orchestration.providers.scripted import START_CALLS, TURNS, ScriptedProvider, store_url
@@ -37,7 +38,7 @@ from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
-from orchestration.transitions import transition_run, transition_step
+from orchestration.transitions import lock_run, touch_step, transition_run, transition_step
 from tests.conftest import DATABASE_URL
 from tests.integration.conftest import Stack
 from tests.unit.support import (
@@ -66,6 +67,11 @@ class Sent:
     texts: list[tuple[str, int]] = field(default_factory=list)
     #: The first words of each begun transaction's statements (empty: it sent none).
     transactions: list[list[str]] = field(default_factory=list)
+
+    @property
+    def engine_transactions(self) -> list[list[str]]:
+        """The transactions that sent any of the engine's statements."""
+        return [statements for statements in self.transactions if statements]
 
 
 @contextmanager
@@ -99,11 +105,16 @@ def sent(settings: Settings) -> Iterator[Sent]:
         event.remove(engine, "before_cursor_execute", statement)
 
 
+def _stepper(settings: Settings) -> tuple[Stepper, Clock]:
+    """A stepper as the step task drives it, on a clock of the test's."""
+    clock = Clock(T0)
+    return Stepper(settings, Executor(settings, None), clock=clock, worker="it", pid=1), clock
+
+
 def _polling(stack: Stack) -> tuple[Stepper, Clock, str, int]:
     """A run whose turn started and keeps running, and the tick of its next poll."""
     settings = stack.settings
-    clock = Clock(T0)
-    stepper = Stepper(settings, Executor(settings, None), clock=clock, worker="it", pid=1)
+    stepper, clock = _stepper(settings)
     run_id = launch(settings, workflow(step_spec(with_=RUNNING)), now=T0)
     started = stepper.advance(run_id, 0, 0)
     assert isinstance(started, Poll), started
@@ -303,8 +314,7 @@ def test_a_cancel_between_polls_is_five_transactions_of_the_engine(stack: Stack)
     with sent(settings) as seen:
         record = Orchestrator(settings, None).cancel(run_id, owner="owner-1")
     assert record.status == "cancelled"
-    engine_transactions = [statements for statements in seen.transactions if statements]
-    assert len(engine_transactions) == 5, engine_transactions
+    assert len(seen.engine_transactions) == 5, seen.engine_transactions
 
 
 def test_a_launch_is_one_statement_outside_a_transaction(stack: Stack) -> None:
@@ -433,8 +443,7 @@ def test_an_instant_step_completes_and_moves_its_run_in_its_write_statements(
     checkpoint's record, and the step's completion with the run moved on, three statements
     (was five: the step read after the lock, the run's move after the step's)."""
     settings = stack.settings
-    clock = Clock(T0)
-    stepper = Stepper(settings, Executor(settings, None), clock=clock, worker="it", pid=1)
+    stepper, clock = _stepper(settings)
     steps = [step_spec(step_id, with_=INSTANT) for step_id in "abc"]
     run_id = launch(settings, workflow(*steps), now=T0)
     assert isinstance(stepper.advance(run_id, 0, 0, chained=True), Proceed)
@@ -442,8 +451,9 @@ def test_an_instant_step_completes_and_moves_its_run_in_its_write_statements(
     with sent(settings) as seen:
         outcome = stepper.advance(run_id, 1, 0, chained=True)
     assert isinstance(outcome, Proceed), outcome
-    engine_transactions = [statements for statements in seen.transactions if statements]
-    assert engine_transactions == [["WITH", "WITH"], ["WITH", "WITH", "WITH"]], engine_transactions
+    assert seen.engine_transactions == [["WITH", "WITH"], ["WITH", "WITH", "WITH"]], (
+        seen.engine_transactions
+    )
     run = run_row(settings, run_id)
     assert [step.status for step in steps_of(settings, run_id)] == [
         "completed",
@@ -493,9 +503,6 @@ def test_a_write_sees_the_step_as_committed_while_it_waited_for_the_run(stack: S
     it waits for the run row: the step is read with a lock, so a change committed under the
     run's lock meanwhile (here a newer execution's fence) is what the write sees, and it
     refuses (``Moved``) instead of writing over its successor."""
-    from orchestration.execution.rows import STARTABLE, Moved, lock
-    from orchestration.transitions import lock_run, touch_step
-
     settings = stack.settings
     _, _, run_id, tick = _polling(stack)
     step = steps_of(settings, run_id)[0]
