@@ -35,50 +35,75 @@ from orchestration.transitions import touch_run, transition_run
 _START_POLL_SECONDS = 0.02
 
 
-def request(transact: Transact, settings: Settings, run_id: str, *, now: datetime, by: str) -> bool:
+def request(
+    transact: Transact,
+    settings: Settings,
+    run_id: str,
+    *,
+    now: datetime,
+    by: str,
+    stop: bool = False,
+) -> Requested | None:
     """Record the cancel request and move the run to ``cancelling``, then wait until no
     provider start of the run is in flight (at most one provider call): from the return on,
     no turn can start, graceful or not.
 
-    Returns ``False`` when the run is already terminal (nothing to do).
+    ``stop`` (a hard cancel, :func:`finish` next): when no start was in flight and the run
+    has no branch runs, its live turns are read under the request's lock and its tasks are
+    revoked as soon as the request commits, so ``finish`` needs no read of its own.
+
+    Returns ``None`` when the run is already terminal (nothing to do).
     """
-    recorded = transact(lambda session: Done(_record_request(session, settings, run_id, now, by)))
+    recorded = transact(
+        lambda session: _record_request(session, settings, run_id, now, by, stop=stop)
+    )
     if recorded is None:
-        return False
+        return None
     for branch in recorded.branches:
         transact(functools.partial(_request_branch, settings, branch, now, by))
     if recorded.in_flight:
         _await_starts(transact, settings, run_id, now)
     for branch in recorded.branches:
         _await_starts(transact, settings, branch, now)
-    return True
+    return Requested(recorded.live)
+
+
+@dataclass(frozen=True)
+class Requested:
+    """A recorded cancel request. ``live``: the run's live turns, read under the request's
+    lock, its tasks revoked after its commit (``None`` when :func:`finish` must read them: a
+    start was in flight, the run has branch runs, or no ``stop`` was asked)."""
+
+    live: list[turns.LiveTurn] | None
 
 
 @dataclass(frozen=True)
 class _Requested:
     """What the request's transaction saw under the run row's lock: the live branch runs to
-    cancel with it, and whether a provider start was in flight."""
+    cancel with it, whether a provider start was in flight, and the live turns (see
+    :class:`Requested`)."""
 
     branches: tuple[str, ...]
     in_flight: bool
+    live: list[turns.LiveTurn] | None = None
 
 
 def _request_branch(
     settings: Settings, run_id: str, now: datetime, by: str, session: Session
 ) -> Done[bool]:
     recorded = _record_request(session, settings, run_id, now, f"{by}, with its parent")
-    return Done(recorded is not None)
+    return Done(recorded.value is not None)
 
 
 def _record_request(
-    session: Session, settings: Settings, run_id: str, now: datetime, by: str
-) -> _Requested | None:
+    session: Session, settings: Settings, run_id: str, now: datetime, by: str, *, stop: bool = False
+) -> Done[_Requested | None]:
     # This UPDATE takes the run row's lock: it waits for a step that is claiming a start, and
     # a claim after it sees the request. What is read below is read under that lock.
     if not touch_run(
         session, run_id, now, cancel_requested_at=func.coalesce(Run.cancel_requested_at, now)
     ):
-        return None
+        return Done(None)
     run = session.get(Run, run_id, populate_existing=True, options=[defer(Run.workflow)])
     assert run is not None
     if run.status != RunStatus.CANCELLING:
@@ -98,9 +123,14 @@ def _record_request(
             values={"deadline_at": deadline},
             seen=RunStatus(run.status),
         )
-    return _Requested(
-        closing.live_branches(session, run_id), _in_flight(session, settings, run_id, now)
-    )
+    branches = closing.live_branches(session, run_id)
+    in_flight = _in_flight(session, settings, run_id, now)
+    if not stop or branches or in_flight:
+        return Done(_Requested(branches, in_flight))
+    # No start can begin from the request's commit on, and none was in flight: the turns
+    # read now are all the run will have, as ``finish``'s own read would find them.
+    live = turns.live_turns(session, run)
+    return Done(_Requested(branches, in_flight, live), Followups(revoke=tuple(run.task_ids)))
 
 
 def finish(
@@ -114,6 +144,7 @@ def finish(
     revoke: bool,
     lock_timeout: float | None = None,
     inline: bool = True,
+    live: list[turns.LiveTurn] | None = None,
 ) -> bool:
     """Stop the run's tasks and provider turns and write the terminal ``cancelled`` rows.
 
@@ -121,19 +152,15 @@ def finish(
     together; a turn not stopped in that time is recorded ``pending`` and stopped by the
     stop task after this returns, so a hanging provider cannot hold a cancel. The sweeper
     passes ``inline=False``: every stop is handed off, none runs in its pass. ``revoke`` is
-    false when the caller is the run's own step task. Returns ``False`` when another writer
-    ended the run first (that writer's end stands).
+    false when the caller is the run's own step task. ``live``: the turns :func:`request`
+    read under its lock (having revoked the run's tasks), instead of a read here. Returns
+    ``False`` when another writer ended the run first (that writer's end stands).
     """
-    live = transact(lambda session: _live(session, run_id, revoke=revoke, branches=True))
-    if isinstance(live, tuple):
-        for branch in live:
-            finish(
-                transact, settings, branch, now=now, stop_reason=StopReason.PARENT_ENDED,
-                cause=f"{cause} (its parent run)", revoke=True, lock_timeout=lock_timeout,
-                inline=inline,
-            )  # fmt: skip
-        live = transact(lambda session: _live(session, run_id, revoke=revoke, branches=False))
-        assert not isinstance(live, tuple)
+    if live is None:
+        live = _read_live(
+            transact, settings, run_id, now=now, cause=cause, revoke=revoke,
+            lock_timeout=lock_timeout, inline=inline,
+        )  # fmt: skip
     if live is None:
         return False
     if inline:
@@ -162,6 +189,33 @@ def finish(
         return transact(close, lock_timeout=lock_timeout)
     except IllegalTransition:
         return False
+
+
+def _read_live(
+    transact: Transact,
+    settings: Settings,
+    run_id: str,
+    *,
+    now: datetime,
+    cause: str,
+    revoke: bool,
+    lock_timeout: float | None,
+    inline: bool,
+) -> list[turns.LiveTurn] | None:
+    """The run's live turns, read once its live branch runs have ended (each as
+    :func:`finish` ends it); ``None`` when the run itself has ended."""
+    live = transact(lambda session: _live(session, run_id, revoke=revoke, branches=True))
+    if not isinstance(live, tuple):
+        return live
+    for branch in live:
+        finish(
+            transact, settings, branch, now=now, stop_reason=StopReason.PARENT_ENDED,
+            cause=f"{cause} (its parent run)", revoke=True, lock_timeout=lock_timeout,
+            inline=inline,
+        )  # fmt: skip
+    ended = transact(lambda session: _live(session, run_id, revoke=revoke, branches=False))
+    assert not isinstance(ended, tuple)
+    return ended
 
 
 def _live(

@@ -206,10 +206,11 @@ def _cancel(
 ) -> None:
     """End a run of an earlier fire as ``orchestration cancel`` does."""
     by = f"schedule {schedule.name} (overlap: cancel_previous)"
-    if cancellation.request(transact, settings, run_id, now=now, by=by):
+    requested = cancellation.request(transact, settings, run_id, now=now, by=by, stop=True)
+    if requested is not None:
         cancellation.finish(
             transact, settings, run_id, now=now, stop_reason=StopReason.CANCEL_REQUESTED,
-            cause=f"cancelled by the next fire of {by}", revoke=True,
+            cause=f"cancelled by the next fire of {by}", revoke=True, live=requested.live,
         )  # fmt: skip
 
 

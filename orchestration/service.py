@@ -293,9 +293,14 @@ class Orchestrator:
         self.transact(lambda session: Done(run_reads.owned(session, run_id, owner)))
         with context.acting(run_id, "run.cancel", owner=owner, graceful=graceful):
             requested = cancellation.request(
-                self.transact, self.settings, run_id, now=self.clock(), by=by or f"owner {owner}"
+                self.transact,
+                self.settings,
+                run_id,
+                now=self.clock(),
+                by=by or f"owner {owner}",
+                stop=not graceful,
             )
-            if requested and not graceful:
+            if requested is not None and not graceful:
                 cancellation.finish(
                     self.transact,
                     self.settings,
@@ -304,6 +309,7 @@ class Orchestrator:
                     stop_reason=StopReason.CANCEL_REQUESTED,
                     cause=f"cancelled by {by}" if by else "cancelled by the caller",
                     revoke=True,
+                    live=requested.live,
                 )
         return self.get(run_id, owner=owner)
 
