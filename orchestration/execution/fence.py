@@ -12,9 +12,22 @@ value to set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Integer, Select, Table, Update, bindparam, exists, func, select, update
+from sqlalchemy import (
+    CTE,
+    Insert,
+    Integer,
+    Select,
+    Table,
+    Update,
+    bindparam,
+    exists,
+    func,
+    select,
+    update,
+)
 
 from orchestration.db import constant_in
 from orchestration.models import Run, Step
@@ -69,7 +82,9 @@ STAMP_RUNNING = (
 )
 
 
-def fence_and_stamp(fence: Update, *, durable: bool = True) -> Select[Any]:
+def fence_and_stamp(
+    fence: Update, *, durable: bool = True, journal: Callable[[CTE], Insert] | None = None
+) -> Select[Any]:
     """``fence`` and the running stamp as one statement: the fenced row, with ``stamped``
     saying whether the stamp took (no row: the fence did not).
 
@@ -78,10 +93,16 @@ def fence_and_stamp(fence: Update, *, durable: bool = True) -> Select[Any]:
     Only a poll's fence is sent so: a server crash can lose it, but never a later durable
     commit (WAL is flushed in order), and what it loses (a tick, a heartbeat) the engine
     recovers by design: the next message's tick no longer fences, and the sweeper re-arms
-    the run once the heartbeat it kept is dead."""
+    the run once the heartbeat it kept is dead.
+
+    ``journal``: given the fence's CTE, the journal row of the status the fence sets, as an
+    ``INSERT … SELECT … FROM`` it, so that the row is written exactly when the fence took."""
     fenced = fence.cte("fenced")
     stamped = STAMP_RUNNING.where(exists(select(1).select_from(fenced))).cte("stamped")
     statement = select(fenced, exists(select(1).select_from(stamped)).label("stamped"))
+    if journal is not None:
+        # PostgreSQL runs a data-modifying CTE to completion though nothing reads it.
+        statement = statement.add_cte(journal(fenced).cte("journal"))
     if durable:
         return statement
     return statement.add_columns(

@@ -129,18 +129,45 @@ def claim(
             select(Step.answer, Step.answer.is_(None)).where(Step.pk == step.pk)
         ).one()
         resuming = not cleared
+    return Done(start_call(settings, entry, rendered, now, answer=answer, resuming=resuming))
+
+
+def start_call(
+    settings: Settings,
+    entry: Entry,
+    rendered: Any,
+    claimed_at: datetime,
+    *,
+    answer: Any = None,
+    resuming: bool = False,
+) -> StartCall:
+    """The start to send for the step ``entry`` fenced, its start claimed at ``claimed_at``."""
+    step = entry.step
     request = TurnRequest(
         key=step.idempotency_key,
-        run_id=run_id,
+        run_id=step.run_id,
         step_id=step.step_id,
         attempt=step.attempt,
         input=rendered,
         options=entry.spec.options,
         resume=answer,
         resuming=resuming,
-        deadline=turns.start_deadline(settings, now),
+        deadline=turns.start_deadline(settings, claimed_at),
     )
-    return Done(StartCall(request, step.provider, now))
+    return StartCall(request, step.provider, claimed_at)
+
+
+def plain_task(settings: Settings, spec: StepSpec) -> Any:
+    """A turn step's task rendered without reading the run (it names no data), or ``None``
+    when rendering needs the run or fails (the full claim renders it, and fails the run)."""
+    if spec.approval is not None or spec.branching or templating.has_placeholders(spec.task):
+        return None
+    try:
+        return templating.render(
+            spec.task, {"args": {}, "steps": {}}, "task", limit=settings.max_rendered_task_bytes
+        )
+    except (LimitExceeded, ValidationError):
+        return None
 
 
 def _branch_steps(spec: StepSpec) -> list[StepSpec]:

@@ -1,7 +1,8 @@
 """One execution of a step task: the sequence of its transactions and provider calls.
 
-* entry (one transaction): fence, stamp, read; for a start, the claim as well; a poll's entry
-  on PostgreSQL is one statement with no transaction around it (``poll_fence``);
+* entry (one transaction): fence, stamp, read; for a start, the claim as well; on PostgreSQL
+  a poll's entry, and a new step's start whose task names no data, are one statement with no
+  transaction around it (``poll_fence``, ``start_fence``);
 * start: the provider start with no lock held, then at once one status call, so that a turn
   already finished is finished in this execution (no countdown hop);
 * poll: one status call; nothing more is written unless the observation changed something;
@@ -26,6 +27,7 @@ from orchestration.db import utcnow
 from orchestration.errors import PermanentProviderError, RetryableProviderError
 from orchestration.execution import calls, finishing, observing, parking, poll_fence, releasing
 from orchestration.execution import entry as entries
+from orchestration.execution import start_fence as start_fences
 from orchestration.execution.entry import Entry, Phase
 from orchestration.execution.finishing import EffectsDue
 from orchestration.execution.outcomes import Halt, Outcome, Poll, Proceed
@@ -74,10 +76,15 @@ class Stepper:
             self.transact, self.settings, run_id, index, tick, now, worker=self.worker, pid=self.pid
         )
         if isinstance(fast, Entry):
-            self.fenced_tick = fast.tick
             self._bind(fast)
             return self._poll(run_id, index, fast, chained)
-        tick = fast
+        start = start_fences.attempt(
+            self.transact, self.settings, run_id, index, fast, now, worker=self.worker, pid=self.pid
+        )
+        if isinstance(start, start_fences.Started):
+            self._bind(start.entry)
+            return self._start(run_id, index, start.entry, start.call, chained)
+        tick = start
         started: list[Entry] = []
 
         def enter(session: Session) -> Done[Entry | StartCall | Outcome]:
@@ -97,7 +104,6 @@ class Stepper:
             assert isinstance(got, Halt)
             return got
         entry = started[0]
-        self.fenced_tick = entry.tick
         self._bind(entry)
         if isinstance(got, StartCall):
             return self._start(run_id, index, entry, got, chained)
@@ -190,16 +196,10 @@ class Stepper:
                 )
             assert provider_run_id is not None
             if unfit:
+                error = f"step {step.step_id}: {unfit}"
                 return Done(
                     Halt("provider run id over its bound"),
-                    fail(
-                        session,
-                        self.settings,
-                        run_id,
-                        f"step {step.step_id}: {unfit}",
-                        now,
-                        over=True,
-                    ),
+                    fail(session, self.settings, run_id, error, now, over=True),
                 )
             recorded = {
                 "start_claimed_at": None,
@@ -354,8 +354,9 @@ class Stepper:
             return self._after_refusal(run_id)
 
     # -- helpers ---------------------------------------------------------------------------
-    @staticmethod
-    def _bind(entry: Entry) -> None:
+    def _bind(self, entry: Entry) -> None:
+        """This execution owns the step from the tick it fenced; its log lines say where."""
+        self.fenced_tick = entry.tick
         context.bind(
             step_id=entry.step.step_id, attempt=entry.step.attempt, phase=entry.phase.value
         )

@@ -12,9 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -33,7 +31,7 @@ from orchestration.execution import Halt, Poll, Proceed, Stepper, fence
 from orchestration.execution.rows import STARTABLE, Moved, lock
 from orchestration.models import Run, Step
 from orchestration.providers.base import TurnRef, TurnRequest
-from orchestration.providers.scripted import START_CALLS, TURNS, ScriptedProvider, store_url
+from orchestration.providers.scripted import ScriptedProvider, store_url
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
@@ -41,6 +39,7 @@ from orchestration.states import RunStatus, StepStatus
 from orchestration.transitions import lock_run, touch_step, transition_run, transition_step
 from tests.conftest import DATABASE_URL
 from tests.integration.conftest import Stack
+from tests.support.statements import sent, stepper_on
 from tests.unit.support import (
     T0,
     Clock,
@@ -59,62 +58,10 @@ pytestmark = pytest.mark.skipif(
 RUNNING = {"states": [["running", 100000], ["completed"]]}
 
 
-@dataclass
-class Sent:
-    #: ``(first word, whether the connection was in autocommit)`` per statement.
-    statements: list[tuple[str, bool]] = field(default_factory=list)
-    #: ``(SQL, number of parameters)`` per statement.
-    texts: list[tuple[str, int]] = field(default_factory=list)
-    #: The first words of each begun transaction's statements (empty: it sent none).
-    transactions: list[list[str]] = field(default_factory=list)
-
-    @property
-    def engine_transactions(self) -> list[list[str]]:
-        """The transactions that sent any of the engine's statements."""
-        return [statements for statements in self.transactions if statements]
-
-
-@contextmanager
-def sent(settings: Settings) -> Iterator[Sent]:
-    """The statements sent to the engine's tables, and whether each ran in a transaction (on
-    PostgreSQL the scripted provider keeps its turns in the same database: its reads are the
-    provider's, not the engine's; the database's own catalogue, read once per process, is
-    not the engine's either)."""
-    engine = get_engine(settings.database_url)
-    seen = Sent()
-
-    def begin(_conn: Any) -> None:
-        seen.transactions.append([])
-
-    def statement(conn: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
-        if "pg_catalog" in sql or any(table.name in sql for table in (TURNS, START_CALLS)):
-            return
-        autocommit = bool(conn.connection.dbapi_connection.autocommit)
-        word = sql.split(None, 1)[0].upper()
-        seen.statements.append((word, autocommit))
-        seen.texts.append((sql, len(params)))
-        if seen.transactions:
-            seen.transactions[-1].append(word)
-
-    event.listen(engine, "begin", begin)
-    event.listen(engine, "before_cursor_execute", statement)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "begin", begin)
-        event.remove(engine, "before_cursor_execute", statement)
-
-
-def _stepper(settings: Settings) -> tuple[Stepper, Clock]:
-    """A stepper as the step task drives it, on a clock of the test's."""
-    clock = Clock(T0)
-    return Stepper(settings, Executor(settings, None), clock=clock, worker="it", pid=1), clock
-
-
 def _polling(stack: Stack) -> tuple[Stepper, Clock, str, int]:
     """A run whose turn started and keeps running, and the tick of its next poll."""
     settings = stack.settings
-    stepper, clock = _stepper(settings)
+    stepper, clock = stepper_on(settings)
     run_id = launch(settings, workflow(step_spec(with_=RUNNING)), now=T0)
     started = stepper.advance(run_id, 0, 0)
     assert isinstance(started, Poll), started
@@ -439,11 +386,12 @@ INSTANT = {"states": [["completed"]]}
 def test_an_instant_step_completes_and_moves_its_run_in_its_write_statements(
     stack: Stack,
 ) -> None:
-    """An instant step's write transaction: the run's lock with the step's read, the
+    """An instant step: its start (fence, claim and stamp) one statement in autocommit
+    (``start_fence``), then its write transaction: the run's lock with the step's read, the
     checkpoint's record, and the step's completion with the run moved on, three statements
     (was five: the step read after the lock, the run's move after the step's)."""
     settings = stack.settings
-    stepper, clock = _stepper(settings)
+    stepper, clock = stepper_on(settings)
     steps = [step_spec(step_id, with_=INSTANT) for step_id in "abc"]
     run_id = launch(settings, workflow(*steps), now=T0)
     assert isinstance(stepper.advance(run_id, 0, 0, chained=True), Proceed)
@@ -451,7 +399,8 @@ def test_an_instant_step_completes_and_moves_its_run_in_its_write_statements(
     with sent(settings) as seen:
         outcome = stepper.advance(run_id, 1, 0, chained=True)
     assert isinstance(outcome, Proceed), outcome
-    assert seen.engine_transactions == [["WITH", "WITH"], ["WITH", "WITH", "WITH"]], (
+    assert seen.statements[0] == ("WITH", True), seen.statements
+    assert seen.engine_transactions == [["WITH"], ["WITH", "WITH", "WITH"]], (
         seen.engine_transactions
     )
     run = run_row(settings, run_id)
