@@ -13,6 +13,7 @@ report's ``targets`` and the table at the top of the doc.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -195,11 +196,23 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 stack.start_worker()
                 if run.wanted("overhead"):
-                    run.item(
-                        "step_overhead:200",
-                        lambda: overhead.step_overhead(stack, 200, repeats=3, bare_repeats=5),
-                        into="step_overhead",
-                    )
+                    with contextlib.ExitStack() as up:
+                        director = None
+                        if run.wanted("peer"):
+                            director = up.enter_context(
+                                peer.Director(
+                                    args.director_venv, args.postgres, args.redis, tmp, 200
+                                )
+                            )
+                        run.item(
+                            "step_overhead:200",
+                            lambda: overhead.step_overhead(
+                                stack, 200, repeats=3, bare_repeats=5, director=director
+                            ),
+                            into="step_overhead",
+                        )
+                        if director is not None:
+                            run.results["peer"] = director.result(interleaved=True)
                     run.item(
                         "step_overhead:20",
                         lambda: overhead.step_overhead(stack, 20, repeats=3, bare_repeats=5),
@@ -290,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
             finally:
                 stack.close()
-        if run.wanted("peer"):
+        if run.wanted("peer") and not run.wanted("overhead"):
             run.item(
                 "peer",
                 lambda: peer.run(args.director_venv, args.postgres, args.redis, tmp, 200, 3),

@@ -3,7 +3,8 @@
 * Step overhead: a run of ``links`` scripted steps that finish at once (``[["completed"]]``,
   ``poll_interval`` 0.01 s) against a bare chain of ``links`` no-op tasks, both timed from the
   send to the end (the run's row terminal; the bare chain's last task's ``RPUSH``). Repeats
-  alternate engine and bare, so drift on the shared machine hits both.
+  are taken in rounds of one of each (and one of celery-director's, item 7, at 200 links),
+  each round starting with a different one, so drift on the shared machine hits them alike.
 * Poll hop: one step that keeps polling with a fixed countdown against a bare task that
   ``self.retry``-s with the same countdown, the hop being the interval between two executions
   of the same task id in the worker's trace.
@@ -19,7 +20,7 @@ from typing import Any
 import redis
 from celery import chain
 
-from bench import engine, stats, trace
+from bench import engine, peer, stats, trace
 from bench.names import LOOP, MARK, NOOP
 from bench.stack import Stack
 from orchestration.runtime.celery_config import STEP_TASK
@@ -53,21 +54,39 @@ def engine_chain(stack: Stack, links: int, timeout: float = 600.0) -> tuple[floa
     return ended - started, record.id
 
 
-def step_overhead(stack: Stack, links: int, repeats: int, bare_repeats: int) -> dict[str, Any]:
-    """Item 1: per-link seconds, engine and bare, median over alternating repeats."""
+def step_overhead(
+    stack: Stack,
+    links: int,
+    repeats: int,
+    bare_repeats: int,
+    director: peer.Director | None = None,
+) -> dict[str, Any]:
+    """Item 1: per-link seconds, engine and bare (and ``director``'s, when given), median
+    over repeats taken in rounds, each round in a different order."""
     bare_chain(stack, 10)  # warm both paths (imports, connections) before timing
     engine_chain(stack, 2)
     bare: list[float] = []
     eng: list[float] = []
     run_ids: list[str] = []
+
+    def time_bare() -> None:
+        bare.append(bare_chain(stack, links) / links)
+
+    def time_engine() -> None:
+        seconds, run_id = engine_chain(stack, links)
+        eng.append(seconds / links)
+        run_ids.append(run_id)
+
     since = time.time()
     for index in range(max(repeats, bare_repeats)):
-        if index < bare_repeats:
-            bare.append(bare_chain(stack, links) / links)
+        contestants = [time_bare] if index < bare_repeats else []
         if index < repeats:
-            seconds, run_id = engine_chain(stack, links)
-            eng.append(seconds / links)
-            run_ids.append(run_id)
+            contestants.append(time_engine)
+            if director is not None:
+                contestants.append(director.time_chain)
+        shift = index % len(contestants)
+        for contestant in contestants[shift:] + contestants[:shift]:
+            contestant()
     rows = trace.read(stack.trace_dir, since)
     in_engine = [row for row in rows if row.name == STEP_TASK and row.first_arg in run_ids]
     in_bare = [row for row in rows if row.name == NOOP]

@@ -7,10 +7,15 @@ same flags (prefork, ``-c 2``, ``acks_late``, prefetch 1, JSON), its database is
 PostgreSQL database, and its chain has the same number of task links. Director wraps every
 chain in a ``start`` and an ``end`` task, and its ``end`` task sleeps 0.5 s before closing the
 workflow (``director/tasks/workflows.py``); the per-link figure is quoted with and without it.
+
+With item 1 in the same run, director's chains are timed in item 1's rounds, between the
+engine's and the bare chain's (:class:`Director` keeps its worker up meanwhile): the ratio
+then compares chains run minutes apart at most seconds apart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,91 +76,147 @@ def _home(folder: Path, database_url: str, broker_url: str, queue: str, links: i
     return home
 
 
-def run(
-    venv: Path, admin_url: str, broker_url: str, folder: Path, links: int, repeats: int
-) -> dict[str, Any]:
-    """Director's per-link seconds for a ``links``-task chain, median over ``repeats``."""
-    problem = ensure_venv(venv)
-    if problem is not None:
-        return {"skipped": problem}
-    pip = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "show", "celery-director", "celery"],
-        capture_output=True,
-        text=True,
-    )
-    versions = {
-        block.split("\n")[0].removeprefix("Name: "): block.split("\n")[1].removeprefix("Version: ")
-        for block in pip.stdout.strip().split("\n---\n")
-        if block.startswith("Name:")
-    }
-    name = f"orch_bench_director_{uuid.uuid4().hex[:6]}"
-    url, drop = fresh_database(admin_url, folder, name)
-    database_url = url.replace("postgresql+psycopg://", "postgresql://")
-    queue = f"q-{name}"
-    home = _home(folder, database_url, broker_url, queue, links)
-    env = {
-        **os.environ,
-        "DIRECTOR_HOME": str(home),
-        "PYTHONPATH": str(home),
-        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    env.pop("VIRTUAL_ENV", None)
-    worker = None
-    log = (folder / "director-worker.log").open("ab")
-    try:
+@dataclass
+class Director:
+    """Director's worker, database and workflow, up for as long as the ``with`` block: its
+    chains can then be timed between the engine's and the bare chain's (item 1), so drift on
+    the shared machine hits all three alike."""
+
+    venv: Path
+    admin_url: str
+    broker_url: str
+    folder: Path
+    links: int
+    skipped: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    seconds: list[float] = field(default_factory=list)
+    statuses: list[str | None] = field(default_factory=list)
+    _env: dict[str, str] = field(default_factory=dict)
+    _home: Path | None = None
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def __enter__(self) -> Director:
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def _start(self) -> None:
+        self.skipped = ensure_venv(self.venv)
+        if self.skipped is not None:
+            return
+        self.versions = _versions(self.venv)
+        name = f"orch_bench_director_{uuid.uuid4().hex[:6]}"
+        url, drop = fresh_database(self.admin_url, self.folder, name)
+        if drop is not None:
+            self._stack.callback(drop)
+        database_url = url.replace("postgresql+psycopg://", "postgresql://")
+        queue = f"q-{name}"
+        self._home = _home(self.folder, database_url, self.broker_url, queue, self.links)
+        self._env = {
+            **os.environ,
+            "DIRECTOR_HOME": str(self._home),
+            "PYTHONPATH": str(self._home),
+            "PATH": f"{self.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        self._env.pop("VIRTUAL_ENV", None)
         upgrade = subprocess.run(
-            [str(venv / "bin" / "director"), "db", "upgrade"],
-            env=env,
-            cwd=home,
+            [str(self.venv / "bin" / "director"), "db", "upgrade"],
+            env=self._env,
+            cwd=self._home,
             capture_output=True,
             text=True,
             timeout=120,
         )
         if upgrade.returncode:
-            return {"skipped": f"director db upgrade failed: {upgrade.stderr[-2000:]}"}
+            self.skipped = f"director db upgrade failed: {upgrade.stderr[-2000:]}"
+            return
+        log = self._stack.enter_context((self.folder / "director-worker.log").open("ab"))
         worker = subprocess.Popen(
-            [str(venv / "bin" / "celery"), "-A", "bench_director_app:cel", "worker",
+            [str(self.venv / "bin" / "celery"), "-A", "bench_director_app:cel", "worker",
              *WORKER_FLAGS, "-n", f"{name}@%h", "-Q", queue, "-l", "WARNING"],
-            env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=self._env, cwd=self._home, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
+        self._stack.callback(_stop, worker)
         deadline = time.monotonic() + 60
         while len(psutil.Process(worker.pid).children()) < 2:
             if worker.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("director worker did not start; see director-worker.log")
             time.sleep(0.1)
-        driver = [str(venv / "bin" / "python"), str(HERE / "driver.py")]
         # One short warm-up chain (imports, connections), then the timed ones.
-        warm = subprocess.run(
-            [*driver, "1", "120"], env=env, cwd=home, capture_output=True, text=True, timeout=300
-        )
-        if warm.returncode:
-            return {"skipped": f"director driver failed: {warm.stderr[-2000:]}"}
-        timed = subprocess.run(
-            [*driver, str(repeats), "600"],
-            env=env,
-            cwd=home,
+        self.skipped = self._drive(1, 120)
+
+    def time_chain(self) -> None:
+        """Time one chain of ``links`` tasks, from its launch to its workflow's end."""
+        if self.skipped is None:
+            self.skipped = self._drive(1, 600, keep=True)
+
+    def _drive(self, repeats: int, timeout: float, *, keep: bool = False) -> str | None:
+        driver = [str(self.venv / "bin" / "python"), str(HERE / "driver.py")]
+        done = subprocess.run(
+            [*driver, str(repeats), str(timeout)],
+            env=self._env,
+            cwd=self._home,
             capture_output=True,
             text=True,
-            timeout=600 * repeats,
+            timeout=timeout * repeats + 60,
         )
-        if timed.returncode:
-            return {"skipped": f"director driver failed: {timed.stderr[-2000:]}"}
-        result = json.loads(timed.stdout.strip().splitlines()[-1])
-    finally:
-        if worker is not None:
-            os.killpg(worker.pid, 15)
-            try:
-                worker.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, 9)
-        log.close()
-        if drop is not None:
-            drop()
-    seconds = result["seconds"]
+        if done.returncode:
+            return f"director driver failed: {done.stderr[-2000:]}"
+        if keep:
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            self.seconds.extend(result["seconds"])
+            self.statuses.extend(result["statuses"])
+        return None
+
+    def result(self, interleaved: bool) -> dict[str, Any]:
+        """The report's ``peer`` entry: per-link seconds, with and without the end sleep."""
+        if self.skipped is not None:
+            return {"skipped": self.skipped}
+        return {
+            "versions": self.versions,
+            "links": self.links,
+            "interleaved_with_engine": interleaved,
+            "statuses": self.statuses,
+            "per_link_s": stats.spread([s / self.links for s in self.seconds]),
+            "per_link_without_end_sleep_s": stats.spread(
+                [(s - END_SLEEP_S) / self.links for s in self.seconds]
+            ),
+        }
+
+
+def run(
+    venv: Path, admin_url: str, broker_url: str, folder: Path, links: int, repeats: int
+) -> dict[str, Any]:
+    """Director on its own (without item 1): per-link seconds, median over ``repeats``."""
+    with Director(venv, admin_url, broker_url, folder, links) as director:
+        for _ in range(repeats):
+            director.time_chain()
+        return director.result(interleaved=False)
+
+
+def _versions(venv: Path) -> dict[str, str]:
+    pip = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "show", "celery-director", "celery"],
+        capture_output=True,
+        text=True,
+    )
     return {
-        "versions": versions,
-        "links": links,
-        "statuses": result["statuses"],
-        "per_link_s": stats.spread([s / links for s in seconds]),
-        "per_link_without_end_sleep_s": stats.spread([(s - END_SLEEP_S) / links for s in seconds]),
+        block.split("\n")[0].removeprefix("Name: "): block.split("\n")[1].removeprefix("Version: ")
+        for block in pip.stdout.strip().split("\n---\n")
+        if block.startswith("Name:")
     }
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    os.killpg(worker.pid, 15)
+    try:
+        worker.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, 9)

@@ -52,7 +52,13 @@ def overhead(report: dict[str, Any]) -> str:
             "fixed 0.5 s sleep in its `end` task), "
             f"{num(ratio(peer['per_link_without_end_sleep_s']['median'], base), 'x')} the "
             "bare chain measured in the same run; median of "
-            f"{peer['per_link_s']['n']} runs."
+            f"{peer['per_link_s']['n']} runs"
+            + (
+                ", timed in the same rounds as the engine's and the bare chains (each round "
+                "starting with a different one)."
+                if peer.get("interleaved_with_engine")
+                else ", timed after the engine's, on their own."
+            )
         )
     elif peer:
         text += f"\n\nPeer (celery-director): not measured: {peer.get('skipped')}"
