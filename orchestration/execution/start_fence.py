@@ -110,10 +110,12 @@ def attempt(
     bound = fence.params(run_id, index, tick, now, deadline, worker, pid)
 
     def enter(session: Session) -> Done[Started | int]:
-        spec = specs.of_run(session, run_id)[index]
-        rendered = plain_task(settings, spec)
+        steps = specs.of_run(session, run_id)
+        # No such step (the run is gone, retention purged it): the full entry halts.
+        rendered = plain_task(settings, steps[index]) if index < len(steps) else None
         if rendered is None:
             return Done(tick)
+        spec = steps[index]
         row = session.execute(FENCE_CLAIM_AND_STAMP, {**bound, "b_input": rendered}).first()
         if row is None:
             return Done(tick)

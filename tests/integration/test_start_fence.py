@@ -97,6 +97,22 @@ def test_a_task_that_names_data_takes_the_full_claim(stack: Stack) -> None:
     assert _turn_starting(settings, run_id, "b") == [("pending", "running")]
 
 
+def test_a_message_for_a_run_that_is_gone_halts(stack: Stack) -> None:
+    """No run, no specs: the start fence leaves it to the full entry, which halts."""
+    stepper, _ = stepper_on(stack.settings)
+    assert stepper.advance("no-such-run", 1, 0) == Halt("no such run")
+
+
+def test_a_structured_task_is_claimed_as_it_is(stack: Stack) -> None:
+    settings = stack.settings
+    task = {"say": ["hi", 2], "to": None}
+    stepper, run_id = _second_step_due(settings, step_spec("b", task=task, with_=RUNNING))
+    with sent(settings) as seen:
+        assert isinstance(stepper.advance(run_id, 1, 0), Poll)
+    assert seen.statements[0] == ("WITH", True), seen.statements
+    assert steps_of(settings, run_id)[1].input == task
+
+
 def test_a_runs_first_step_takes_the_full_claim(stack: Stack) -> None:
     """The run is still ``queued``: the full claim moves it on, and no statement is spent on
     a start fence that cannot take."""
