@@ -93,8 +93,7 @@ def enter(
 ) -> Entry | Halt:
     """Fence the step with ``tick`` and stamp the run; a :class:`Halt` when this delivery
     must not proceed (a duplicate, a stale one, or the run or step has ended)."""
-    deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
-    bound = fence.params(run_id, index, tick, now, deadline, worker, pid)
+    bound = fence.running_params(settings, run_id, index, tick, now, worker, pid)
     if on_postgresql(session):
         fenced = session.execute(fence.FENCE_AND_STAMP, bound).first()
         stamped = fenced is not None and bool(fenced.stamped)

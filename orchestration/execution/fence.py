@@ -13,6 +13,7 @@ value to set.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -29,8 +30,10 @@ from sqlalchemy import (
     update,
 )
 
+from orchestration import deadlines
 from orchestration.db import constant_in
 from orchestration.models import Run, Step
+from orchestration.settings import Settings
 from orchestration.states import STEP_LIVE, RunStatus, StepStatus
 
 STEPS: Table = Step.__table__  # type: ignore[assignment]
@@ -132,3 +135,18 @@ def params(
         "b_now": now,
         "b_deadline": deadline,
     }
+
+
+def running_params(
+    settings: Settings,
+    run_id: str,
+    index: int,
+    tick: int,
+    now: datetime,
+    worker: str | None,
+    pid: int | None,
+) -> dict[str, Any]:
+    """The bound values of the fence and of the stamp of a running run, whose deadline is the
+    one a heartbeat at ``now`` gives it."""
+    deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
+    return params(run_id, index, tick, now, deadline, worker, pid)

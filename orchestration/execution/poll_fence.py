@@ -20,7 +20,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from orchestration import deadlines, specs
+from orchestration import specs
 from orchestration.db import postgresql_url
 from orchestration.execution import fence
 from orchestration.execution.entry import Entry, Phase, step_row
@@ -46,8 +46,7 @@ def attempt(
     poll) tries it, and only on a database that has data-modifying CTEs."""
     if not tick or not postgresql_url(settings.database_url):
         return tick
-    deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
-    bound = fence.params(run_id, index, tick, now, deadline, worker, pid)
+    bound = fence.running_params(settings, run_id, index, tick, now, worker, pid)
 
     def enter(session: Session) -> Done[Entry | int]:
         row = session.execute(fence.FENCE_AND_STAMP_POLL, bound).first()

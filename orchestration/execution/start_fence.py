@@ -28,7 +28,7 @@ from datetime import datetime
 from sqlalchemy import CTE, Insert, Table, bindparam, exists, literal, null, select
 from sqlalchemy.orm import Session
 
-from orchestration import deadlines, specs
+from orchestration import specs
 from orchestration.db import postgresql_url
 from orchestration.execution import fence
 from orchestration.execution.entry import Entry, Phase, step_row
@@ -106,8 +106,7 @@ def attempt(
     still ``queued``, which the full claim moves on), and only on PostgreSQL."""
     if tick or not index or not postgresql_url(settings.database_url):
         return tick
-    deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
-    bound = fence.params(run_id, index, tick, now, deadline, worker, pid)
+    bound = fence.running_params(settings, run_id, index, tick, now, worker, pid)
 
     def enter(session: Session) -> Done[Started | int]:
         steps = specs.of_run(session, run_id)

@@ -10,7 +10,6 @@ the module is skipped (with ``CI=true`` the suite refuses to start without it).
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from dataclasses import replace
 from datetime import timedelta
@@ -39,7 +38,7 @@ from orchestration.states import RunStatus, StepStatus
 from orchestration.transitions import lock_run, touch_step, transition_run, transition_step
 from tests.conftest import DATABASE_URL
 from tests.integration.conftest import Stack
-from tests.support.statements import sent, stepper_on
+from tests.support.statements import await_blocked, sent, stepper_on
 from tests.unit.support import (
     T0,
     Clock,
@@ -455,7 +454,6 @@ def test_a_write_sees_the_step_as_committed_while_it_waited_for_the_run(stack: S
     settings = stack.settings
     _, _, run_id, tick = _polling(stack)
     step = steps_of(settings, run_id)[0]
-    engine = get_engine(settings.database_url)
     outcome: list[object] = []
 
     def write() -> None:
@@ -471,12 +469,6 @@ def test_a_write_sees_the_step_as_committed_while_it_waited_for_the_run(stack: S
         touch_step(holder, step, T0, polls=tick + 1)
         waiter = threading.Thread(target=write)
         waiter.start()
-        deadline = time.monotonic() + 10
-        with engine.connect() as probe:
-            while not probe.execute(
-                text("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            ).scalar():
-                assert time.monotonic() < deadline, "the write never waited for the run row"
-                time.sleep(0.01)
+        await_blocked(settings, "the write")
     waiter.join(10)
     assert outcome == ["moved"]

@@ -11,19 +11,18 @@ start without it).
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import update
 
-from orchestration.db import get_engine, session_scope
+from orchestration.db import session_scope
 from orchestration.execution import Halt, Poll, Proceed, Stepper
 from orchestration.models import Run
 from orchestration.providers.scripted import ScriptedProvider
 from orchestration.settings import Settings
 from tests.conftest import DATABASE_URL
 from tests.integration.conftest import Stack
-from tests.support.statements import sent, stepper_on
+from tests.support.statements import await_blocked, sent, stepper_on
 from tests.unit.support import events_of, launch, run_row, step_spec, steps_of, workflow
 
 pytestmark = pytest.mark.skipif(
@@ -134,7 +133,6 @@ def test_a_cancel_committed_while_the_start_waits_for_the_run_starts_no_turn(
     cancel and ends the run."""
     settings = stack.settings
     stepper, run_id = _second_step_due(settings, step_spec("b", with_=RUNNING))
-    engine = get_engine(settings.database_url)
     outcome: list[object] = []
     starter = threading.Thread(target=lambda: outcome.append(stepper.advance(run_id, 1, 0)))
     with session_scope(settings.database_url) as cancel:
@@ -144,13 +142,7 @@ def test_a_cancel_committed_while_the_start_waits_for_the_run_starts_no_turn(
             .values(cancel_requested_at=run_row(settings, run_id).updated_at)
         )
         starter.start()
-        deadline = time.monotonic() + 10
-        with engine.connect() as probe:
-            while not probe.execute(
-                text("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            ).scalar():
-                assert time.monotonic() < deadline, "the start never waited for the run row"
-                time.sleep(0.01)
+        await_blocked(settings, "the start")
     starter.join(30)
     assert len(outcome) == 1 and isinstance(outcome[0], Halt), outcome
     assert _starts(settings, run_id, "b") == []

@@ -3,12 +3,13 @@ and whether each ran in autocommit; and a stepper driven as the step task drives
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from orchestration.db import get_engine
 from orchestration.execution import Stepper
@@ -68,3 +69,13 @@ def stepper_on(settings: Settings) -> tuple[Stepper, Clock]:
     """A stepper as the step task drives it, on a clock of the test's."""
     clock = Clock(T0)
     return Stepper(settings, Executor(settings, None), clock=clock, worker="it", pid=1), clock
+
+
+def await_blocked(settings: Settings, what: str, seconds: float = 10.0) -> None:
+    """Return once some session waits for a lock (``pg_locks``): the statement the test
+    started in another thread is blocked where the test holds a row."""
+    deadline = time.monotonic() + seconds
+    with get_engine(settings.database_url).connect() as probe:
+        while not probe.execute(text("SELECT count(*) FROM pg_locks WHERE NOT granted")).scalar():
+            assert time.monotonic() < deadline, f"{what} never waited for the run row"
+            time.sleep(0.01)
