@@ -65,23 +65,16 @@ def request(
         _await_starts(transact, settings, run_id, now)
     for branch in recorded.branches:
         _await_starts(transact, settings, branch, now)
-    return Requested(recorded.live)
+    return recorded
 
 
 @dataclass(frozen=True)
 class Requested:
-    """A recorded cancel request. ``live``: the run's live turns, read under the request's
-    lock, its tasks revoked after its commit (``None`` when :func:`finish` must read them: a
-    start was in flight, the run has branch runs, or no ``stop`` was asked)."""
-
-    live: list[turns.LiveTurn] | None
-
-
-@dataclass(frozen=True)
-class _Requested:
     """What the request's transaction saw under the run row's lock: the live branch runs to
-    cancel with it, whether a provider start was in flight, and the live turns (see
-    :class:`Requested`)."""
+    cancel with it, whether a provider start was in flight, and ``live``: the run's live
+    turns, read under that lock, its tasks revoked after its commit (``None`` when
+    :func:`finish` must read them: a start was in flight, the run has branch runs, or no
+    ``stop`` was asked)."""
 
     branches: tuple[str, ...]
     in_flight: bool
@@ -97,7 +90,7 @@ def _request_branch(
 
 def _record_request(
     session: Session, settings: Settings, run_id: str, now: datetime, by: str, *, stop: bool = False
-) -> Done[_Requested | None]:
+) -> Done[Requested | None]:
     # This UPDATE takes the run row's lock: it waits for a step that is claiming a start, and
     # a claim after it sees the request. What is read below is read under that lock.
     if not touch_run(
@@ -126,11 +119,11 @@ def _record_request(
     branches = closing.live_branches(session, run_id)
     in_flight = _in_flight(session, settings, run_id, now)
     if not stop or branches or in_flight:
-        return Done(_Requested(branches, in_flight))
+        return Done(Requested(branches, in_flight))
     # No start can begin from the request's commit on, and none was in flight: the turns
     # read now are all the run will have, as ``finish``'s own read would find them.
     live = turns.live_turns(session, run)
-    return Done(_Requested(branches, in_flight, live), Followups(revoke=tuple(run.task_ids)))
+    return Done(Requested(branches, in_flight, live), Followups(revoke=tuple(run.task_ids)))
 
 
 def finish(
