@@ -18,8 +18,10 @@ The steps go in as one array per column, ``unnest``-ed into rows: the statement 
 parameters are the same whatever the run's length, so it is built, converted by the driver
 and planned by PostgreSQL once, and a 200-step launch is one statement too.
 
-The counts are read in the statement's snapshot, as the transaction's admission ``SELECT``
-reads them: the limits are admission control, not a lock.
+The live runs are counted by the database as they change (:mod:`orchestration.live_counts`),
+so the admission reads a few rows of counts whatever the number of live runs; it reads them
+in the statement's snapshot, as the transaction's admission ``SELECT`` does: the limits are
+admission control, not a lock.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from sqlalchemy import Table, and_, bindparam, case, exists, false, func, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from orchestration.db import constant_in, postgresql_url
+from orchestration import live_counts
+from orchestration.db import postgresql_url
 from orchestration.models import Run, RunEvent, Step
 from orchestration.new_runs import NewRun
 from orchestration.settings import Settings
-from orchestration.states import RUN_LIVE
 from orchestration.transitions import JOURNALED
 
 _RUNS = cast(Table, Run.__table__)
@@ -102,30 +104,30 @@ def write(
 @functools.lru_cache(maxsize=8)
 def _statement(run_columns: tuple[str, ...], step_columns: tuple[str, ...]) -> Any:
     """The statement for rows given these columns, built once per shape."""
-    live = and_(
-        constant_in(_RUNS.c.status, RUN_LIVE),
-        # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they use up no launch.
-        _RUNS.c.parent_run_id.is_(None),
-    )
-    total = select(func.count()).select_from(_RUNS).where(live).scalar_subquery()
-    mine = (
-        select(func.count())
-        .select_from(_RUNS)
-        .where(live, _RUNS.c.owner == bindparam("r_owner", type_=_RUNS.c.owner.type))
-        .scalar_subquery()
-    )
-    taken = exists().where(
-        _RUNS.c.owner == bindparam("r_owner", type_=_RUNS.c.owner.type),
-        _RUNS.c.request_id == bindparam("r_request_id", type_=_RUNS.c.request_id.type),
+    owner = bindparam("r_owner", type_=_RUNS.c.owner.type)
+    # The run the owner's request id names, looked up once through ``uq_runs_owner_request``.
+    # It reads the statement's snapshot, taken before its inserts: it finds a run only when
+    # the request id was taken before this launch, which is then a replay (or a conflict)
+    # answered without a transaction.
+    prior = (
+        select(_RUNS.c.id, _RUNS.c.fingerprint)
+        .where(
+            _RUNS.c.owner == owner,
+            _RUNS.c.request_id == bindparam("r_request_id", type_=_RUNS.c.request_id.type),
+        )
+        .cte("prior")
     )
     # A taken request id is looked up first and the counts only when it is free (``CASE``
-    # evaluates its branch lazily): a replay must not pay for counting the live runs.
+    # evaluates its branch lazily): a replay reads no count.
     admitted = select(
         *(bindparam(f"r_{name}", type_=_RUNS.c[name].type) for name in run_columns)
     ).where(
         case(
-            (taken, false()),
-            else_=and_(total < bindparam("max_total"), mine < bindparam("max_mine")),
+            (exists(select(1).select_from(prior)), false()),
+            else_=and_(
+                live_counts.count_of(live_counts.TOTAL) < bindparam("max_total"),
+                live_counts.count_of(owner) < bindparam("max_mine"),
+            ),
         )
     )
     made = (
@@ -157,19 +159,8 @@ def _statement(run_columns: tuple[str, ...], step_columns: tuple[str, ...]) -> A
         .returning(_EVENTS.c.id)
         .cte("journal")
     )
-    # The lookups read the statement's snapshot, taken before its inserts: they find a run
-    # only when the request id was taken before this launch, which is then a replay (or a
-    # conflict) answered without a transaction.
-    request = (
-        select(_RUNS.c.id, _RUNS.c.fingerprint)
-        .where(
-            _RUNS.c.owner == bindparam("r_owner", type_=_RUNS.c.owner.type),
-            _RUNS.c.request_id == bindparam("r_request_id", type_=_RUNS.c.request_id.type),
-        )
-        .subquery("request")
-    )
     return select(
         exists(select(1).select_from(journal)).label("made"),
-        select(request.c.id).scalar_subquery().label("found"),
-        select(request.c.fingerprint).scalar_subquery().label("fingerprint"),
-    ).add_cte(made, step_rows, journal)
+        select(prior.c.id).scalar_subquery().label("found"),
+        select(prior.c.fingerprint).scalar_subquery().label("fingerprint"),
+    ).add_cte(prior, made, step_rows, journal)

@@ -2,7 +2,7 @@
 
 The chain's first segment is planned before the rows are written and its task ids go in with
 them (``chains.plan_chain``); the executor sends it after the commit. A launch is one
-statement that reads the request id and counts live runs, then three Core inserts (the run,
+statement that reads the request id and the live runs' counts, then three Core inserts (the run,
 its steps in one multi-row insert, the journal); on PostgreSQL, a launch that fits
 (:func:`orchestration.launch_once.fits`) is first tried as one statement with no transaction.
 The record it returns is built from the rows it wrote (``Written``).
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Table, and_, bindparam, case, func, select
+from sqlalchemy import Table, bindparam, case, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -29,16 +29,15 @@ from orchestration import (
     closing,
     definitions,
     launch_once,
+    live_counts,
     new_runs,
     specs,
     workflows,
 )
-from orchestration.db import constant_in
 from orchestration.errors import IdempotencyConflict, LimitExceeded, ValidationError
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, RunEvent, Step
 from orchestration.settings import Settings
-from orchestration.states import RUN_LIVE
 
 T = TypeVar("T")
 
@@ -48,11 +47,6 @@ _NAME = re.compile(r"[\x21-\x7e]{1,200}")
 _RUNS = cast(Table, Run.__table__)
 _STEPS = cast(Table, Step.__table__)
 _EVENTS = cast(Table, RunEvent.__table__)
-_LIVE = and_(
-    constant_in(Run.status, RUN_LIVE),
-    # Branch runs are bounded by their step (ORCH_MAX_BRANCHES): they do not use up launches.
-    Run.parent_run_id.is_(None),
-)
 _FOUND = (
     select(Run.id)
     .where(Run.owner == bindparam("b_owner"), Run.request_id == bindparam("b_request"))
@@ -60,20 +54,12 @@ _FOUND = (
 )
 #: What admits a launch, in one statement built once: the run this owner's request id names
 #: (and its fingerprint) or, only when there is none (``CASE`` evaluates its branch lazily),
-#: the live runs in all and of this owner.
+#: the live runs in all and of this owner (:mod:`orchestration.live_counts`).
 _ADMIT = select(
     _FOUND,
     select(Run.fingerprint).where(Run.id == _FOUND).scalar_subquery(),
-    case((_FOUND.is_(None), select(func.count()).select_from(Run).where(_LIVE).scalar_subquery())),
-    case(
-        (
-            _FOUND.is_(None),
-            select(func.count())
-            .select_from(Run)
-            .where(_LIVE, Run.owner == bindparam("b_owner"))
-            .scalar_subquery(),
-        )
-    ),
+    case((_FOUND.is_(None), live_counts.count_of(live_counts.TOTAL))),
+    case((_FOUND.is_(None), live_counts.count_of(bindparam("b_owner")))),
 )
 
 

@@ -7,6 +7,7 @@ from sqlalchemy import create_engine, pool
 
 # Modules whose tables are part of the schema besides ``models`` (for autogenerate).
 import orchestration.fleet_series
+import orchestration.live_counts
 import orchestration.run_totals
 import orchestration.schedule_models
 import orchestration.surfaces.api.tokens  # noqa: F401

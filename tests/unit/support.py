@@ -182,6 +182,7 @@ def insert_run(
     *,
     steps: int = 1,
     now: datetime = T0,
+    owner: str = "owner-1",
     **values: Any,
 ) -> str:
     """A run row and its pending steps written straight through the ORM (no launch), for
@@ -192,7 +193,7 @@ def insert_run(
         session.add(
             Run(
                 id=run_id,
-                owner="owner-1",
+                owner=owner,
                 request_id=run_id,
                 fingerprint="0" * 64,
                 workflow_name=definition["name"],

@@ -1,0 +1,129 @@
+"""On PostgreSQL the live-run counts are deferred triggers writing one slot per connection
+(``orchestration.live_counts``): concurrent launches and cancels keep them equal to a count of
+the rows and never deadlock on them, and a launch's admission counts no run row."""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+
+from orchestration.db import get_engine, session_scope
+from orchestration.live_counts import TOTAL
+from orchestration.service import Orchestrator
+from orchestration.states import RUN_LIVE
+from tests.conftest import DATABASE_URL
+from tests.integration.conftest import Stack
+from tests.unit.support import launch, step_spec, workflow
+from tests.unit.test_live_counts import counted, kept
+
+pytestmark = pytest.mark.skipif(
+    not DATABASE_URL, reason="needs PostgreSQL (ORCH_TEST_DATABASE_URL): the deferred triggers"
+)
+
+
+def test_concurrent_launches_and_cancels_keep_the_counts(stack: Stack) -> None:
+    settings = stack.settings
+    owners = [f"counted-{uuid.uuid4().hex[:6]}-{n}" for n in range(3)]
+    errors: list[BaseException] = []
+
+    def work(thread: int) -> None:
+        orch = Orchestrator(settings, None)
+        try:
+            for n in range(24):
+                owner = owners[(thread + n) % len(owners)]
+                run_id = launch(settings, workflow(step_spec()), owner=owner)
+                if n % 3:
+                    orch.cancel(run_id, owner=owner)
+        except BaseException as exc:  # reported below, with its thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads)
+    mine, truth = kept(settings), counted(settings)
+    assert {o: mine.get(o) for o in owners} == {o: truth.get(o) for o in owners}
+    assert sum(mine.get(o, 0) for o in owners) == 4 * 8
+    assert mine[TOTAL] == truth[TOTAL]
+    with session_scope(settings.database_url) as session:
+        slots = session.scalar(
+            text("SELECT count(DISTINCT slot) FROM live_run_counts WHERE owner = ANY(:o)"),
+            {"o": owners},
+        )
+    assert slots and slots > 1  # the threads' connections wrote apart
+
+
+def test_a_launch_counts_no_run_row(stack: Stack) -> None:
+    settings = stack.settings
+    engine = get_engine(settings.database_url)
+    seen: list[tuple[str, Any]] = []
+
+    def capture(_conn: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
+        if sql.lstrip().startswith("WITH"):
+            seen.append((sql, params))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        launch(settings, workflow(step_spec()), owner=f"plan-{uuid.uuid4().hex[:6]}")
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    [(sql, params)] = seen
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        [[plan]] = cursor.fetchall()
+    finally:
+        raw.close()
+    aggregates = list(_nodes(plan[0]["Plan"], "Aggregate"))
+    assert len(aggregates) == 2, plan
+    for aggregate in aggregates:
+        assert _relations(aggregate) == {"live_run_counts"}, aggregate
+
+
+def test_the_triggers_count_the_live_statuses_of_the_state_machine(stack: Stack) -> None:
+    with session_scope(stack.settings.database_url) as session:
+        triggers = dict(
+            session.execute(
+                text(
+                    "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+                    "WHERE tgrelid = 'runs'::regclass AND NOT tgisinternal"
+                )
+            ).all()
+        )
+    assert set(triggers) == {
+        "runs_live_inserted",
+        "runs_live_ended",
+        "runs_live_deleted",
+        "runs_truncated",
+    }
+    live = {s.value for s in RUN_LIVE}
+    for name, sets in (("runs_live_inserted", 1), ("runs_live_ended", 2), ("runs_live_deleted", 1)):
+        sql = triggers[name]
+        assert "DEFERRABLE INITIALLY DEFERRED" in sql, sql
+        listed = re.findall(r"ARRAY\[([^\]]*)\]", sql)
+        assert len(listed) == sets, sql
+        for values in listed:
+            assert set(re.findall(r"'(\w+)'", values)) == live, sql
+
+
+def _nodes(node: dict[str, Any], kind: str) -> Any:
+    if node.get("Node Type") == kind:
+        yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child, kind)
+
+
+def _relations(node: dict[str, Any]) -> set[str]:
+    found = {node["Relation Name"]} if "Relation Name" in node else set()
+    for child in node.get("Plans", []):
+        found |= _relations(child)
+    return found

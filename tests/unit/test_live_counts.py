@@ -1,0 +1,131 @@
+"""The live-run counts a launch's admission reads (``orchestration.live_counts``) are kept by
+triggers on ``runs``: whatever writes a run, they equal a count of the live top-level runs."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+
+from orchestration import retention
+from orchestration.db import session_scope, upgrade
+from orchestration.errors import LimitExceeded
+from orchestration.live_counts import TOTAL, LiveRunCount
+from orchestration.models import Run
+from orchestration.runtime.executor import Executor
+from orchestration.settings import Settings
+from orchestration.states import RUN_LIVE
+from tests.unit.support import (
+    RecordingDispatcher,
+    insert_run,
+    launch,
+    make_settings,
+    step_spec,
+    workflow,
+)
+from tests.unit.test_branches import OWNER, World, _research
+
+RUNNING = {"states": [["running"]]}
+
+
+def kept(settings: Settings) -> dict[str, int]:
+    """The counts as the triggers kept them, by owner (``TOTAL`` for all), zeros left out."""
+    with session_scope(settings.database_url) as session:
+        rows = session.execute(
+            select(LiveRunCount.owner, func.sum(LiveRunCount.live)).group_by(LiveRunCount.owner)
+        ).all()
+    return {owner: int(live) for owner, live in rows if live}
+
+
+def counted(settings: Settings) -> dict[str, int]:
+    """The live top-level runs counted from the rows, by owner and in all."""
+    with session_scope(settings.database_url) as session:
+        rows = session.execute(
+            select(Run.owner, func.count())
+            .where(Run.status.in_([s.value for s in RUN_LIVE]), Run.parent_run_id.is_(None))
+            .group_by(Run.owner)
+        ).all()
+    mine = {owner: int(live) for owner, live in rows}
+    return {**mine, TOTAL: sum(mine.values())} if mine else {}
+
+
+@pytest.fixture
+def world(settings: Settings) -> World:
+    return World(settings)
+
+
+def test_the_counts_follow_every_way_a_run_becomes_and_stops_being_live(
+    world: World, settings: Settings
+) -> None:
+    flow = _research()
+    flow["steps"][0]["step"]["with"] = RUNNING
+    fanned = world.launch(flow, {"topics": ["a", "b", "c"]})
+    world.pump(rounds=3)
+    with session_scope(settings.database_url) as session:
+        branches = session.scalars(select(Run.status).where(Run.parent_run_id == fanned)).all()
+    # Three live branch runs, and their parent the only one counted.
+    assert sorted(branches) == ["running"] * 3
+    assert kept(settings) == counted(settings) == {OWNER: 1, TOTAL: 1}
+    done = world.launch(workflow(step_spec(with_={"states": [["completed"]]})))
+    other = [launch(settings, workflow(step_spec()), owner="other") for _ in range(2)]
+    assert kept(settings) == counted(settings) == {OWNER: 2, "other": 2, TOTAL: 4}
+    world.pump(rounds=3)
+    assert world.record(done).status == "completed"
+    world.orch.cancel(fanned, owner=OWNER)
+    world.orch.cancel(other[0], owner="other")
+    assert kept(settings) == counted(settings) == {"other": 1, TOTAL: 1}
+    # Rows written straight through the ORM are counted too: the database keeps the counts.
+    insert_run(settings, "running", owner="third")
+    insert_run(settings, "failed", owner="third")
+    assert kept(settings) == counted(settings) == {"other": 1, "third": 1, TOTAL: 2}
+    # A prune deletes ended runs only: the counts stay.
+    world.clock.advance(40 * 86400)
+    report = retention.prune(Executor(settings, None), cutoff=world.clock.now - timedelta(1))
+    assert report["runs"] >= 3
+    assert kept(settings) == counted(settings) == {"other": 1, "third": 1, TOTAL: 2}
+    with session_scope(settings.database_url) as session:
+        session.execute(text("DELETE FROM runs WHERE owner = 'third'"))
+    assert kept(settings) == counted(settings) == {"other": 1, TOTAL: 1}
+
+
+def test_a_run_that_ends_gives_its_place_back_under_both_limits(settings: Settings) -> None:
+    queue = RecordingDispatcher()
+    for limits in ({"max_active_runs_per_owner": 1}, {"max_active_runs": 1}):
+        limited = settings.model_copy(update=limits)
+        first = launch(limited, workflow(step_spec()), dispatcher=queue)
+        with pytest.raises(LimitExceeded, match="ORCH_MAX_ACTIVE_RUNS"):
+            launch(limited, workflow(step_spec()), dispatcher=queue)
+        World(limited).orch.cancel(first, owner="owner-1")
+        again = launch(limited, workflow(step_spec()), dispatcher=queue)
+        World(limited).orch.cancel(again, owner="owner-1")
+    assert kept(settings) == counted(settings) == {}
+
+
+def test_runs_there_before_the_migration_are_counted(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    upgrade(settings.database_url, "0013")
+    for status in ("queued", "running", "parked", "completed", "cancelled"):
+        insert_run(settings, status)
+    insert_run(settings, "running", owner="other")
+    upgrade(settings.database_url)
+    assert kept(settings) == counted(settings) == {"owner-1": 3, "other": 1, TOTAL: 4}
+
+
+def test_the_triggers_count_the_live_statuses_of_the_state_machine(settings: Settings) -> None:
+    with session_scope(settings.database_url) as session:
+        triggers = dict(
+            session.execute(
+                text(
+                    "SELECT name, sql FROM sqlite_master "
+                    "WHERE type = 'trigger' AND tbl_name = 'runs'"
+                )
+            ).all()
+        )
+    assert set(triggers) == {"runs_live_inserted", "runs_live_ended", "runs_live_deleted"}
+    live = {s.value for s in RUN_LIVE}
+    for sql in triggers.values():
+        for listed in re.findall(r"status (?:NOT )?IN \(([^)]*)\)", sql):
+            assert set(re.findall(r"'(\w+)'", listed)) == live, sql
