@@ -7,6 +7,8 @@ measures the launch path, not execution. Measured:
 * sequential launches (one caller): seconds per launch and launches per second;
 * the same ``request_id`` values again: each must return the same run and write nothing;
 * four threads launching at once;
+* new launches again beside ``LIVE`` live runs of the same owner (inserted in bulk, deleted
+  after): the admission reads the live-run counts, not the live runs, so this is the same cost;
 * the baseline: sending a one-task Celery chain through the same client app.
 
 HTTP goes through ``orchestration api`` (uvicorn) with a bearer token, one keep-alive client;
@@ -26,7 +28,7 @@ from typing import Any
 
 import httpx
 from celery import chain
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, text
 
 from bench import engine, stats
 from bench.names import NOOP
@@ -35,6 +37,16 @@ from orchestration.db import session_scope, utcnow
 from orchestration.models import Run
 
 FLOW = engine.workflow("launch", 3, states=[["completed"]], poll_interval=1.0)
+#: Live runs of the launching owner beside the second round of new launches.
+LIVE = 10_000
+#: ``LIVE`` queued runs of one owner, in one statement (the columns a run cannot be without).
+_BULK_LIVE = text(
+    "INSERT INTO runs (id, owner, request_id, fingerprint, workflow_name, workflow, args, "
+    "status, created_at, updated_at, heartbeat_at, task_ids, current_step, rearms, "
+    "needs_review) SELECT md5(:owner || g), :owner, 'bulk-' || g, repeat('f', 64), 'bulk', "
+    "'{}'::jsonb, '{}'::jsonb, 'queued', now(), now(), now(), '[]'::jsonb, 0, 0, false "
+    "FROM generate_series(1, :count) AS g"
+)
 
 
 def _count_runs(stack: Stack) -> int:
@@ -94,6 +106,7 @@ def python_api(stack: Stack, count: int, threads: int = 4) -> dict[str, Any]:
             )
         )
     threaded = count / (time.perf_counter() - started)
+    crowded = _beside_live(stack, owner, lambda: launch(uuid.uuid4().hex), bare, count)
     return {
         "launches": count,
         "steps_per_workflow": len(FLOW["steps"]),
@@ -103,6 +116,32 @@ def python_api(stack: Stack, count: int, threads: int = 4) -> dict[str, Any]:
         f"threads_{threads}_launches_per_s": threaded,
         "baseline_bare_chain_send": _rate(baseline),
         "ratio_new_to_bare_send": stats.ratio(stats.median(first), stats.median(baseline)),
+        "beside_live": crowded,
+    }
+
+
+def _beside_live(stack: Stack, owner: str, launch: Any, bare: Any, count: int) -> dict[str, Any]:
+    """New launches (and bare sends, interleaved) while ``owner`` has :data:`LIVE` more live
+    runs; the bulk runs are deleted after."""
+    with session_scope(stack.settings.database_url) as session:
+        session.execute(_BULK_LIVE, {"owner": owner, "count": LIVE})
+    # As autovacuum would soon after a tenth of the table changed: the planner then knows
+    # this owner is not selective, and looks the request id up by its unique index.
+    with session_scope(stack.settings.database_url, autocommit=True) as session:
+        session.execute(text("ANALYZE runs"))
+    try:
+        new, baseline = [], []
+        for _ in range(count):
+            baseline += _timed([bare])
+            new += _timed([launch])
+    finally:
+        with session_scope(stack.settings.database_url) as session:
+            session.execute(delete(Run).where(Run.request_id.like("bulk-%"), Run.owner == owner))
+    return {
+        "live_runs": LIVE,
+        "new": _rate(new),
+        "baseline_bare_chain_send": _rate(baseline),
+        "ratio_new_to_bare_send": stats.ratio(stats.median(new), stats.median(baseline)),
     }
 
 

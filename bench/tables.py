@@ -297,6 +297,22 @@ def launch(report: dict[str, Any]) -> str:
             + str(py["duplicates_returned_same_run_and_wrote_nothing"]),
             "",
         ],
+        *(
+            [
+                [
+                    f"Python API, new run, beside {num(crowded['live_runs'])} more live runs "
+                    "of its owner",
+                    num(crowded["new"]["per_launch_s"]["p50"], "ms"),
+                    num(crowded["new"]["per_launch_s"]["p99"], "ms"),
+                    num(crowded["new"]["launches_per_s"]),
+                    "bare 1-task chain send, interleaved: "
+                    + num(crowded["baseline_bare_chain_send"]["per_launch_s"]["p50"], "ms"),
+                    num(crowded["ratio_new_to_bare_send"], "x"),
+                ]
+            ]
+            if (crowded := py.get("beside_live"))
+            else []
+        ),
         [
             "Python API, 4 threads",
             "",
