@@ -273,75 +273,68 @@ def _remeasured(meta: dict[str, Any] | None) -> str:
     )
 
 
+def _launch_row(label: str, rate: dict[str, Any], baseline: str, ratio: str) -> list[str]:
+    """One row of the launch table: a launch's p50, p99 and rate, beside its baseline."""
+    seconds = rate["per_launch_s"]
+    return [
+        label,
+        num(seconds["p50"], "ms"),
+        num(seconds["p99"], "ms"),
+        num(rate["launches_per_s"]),
+        baseline,
+        ratio,
+    ]
+
+
 def launch(report: dict[str, Any]) -> str:
     item = report.get("launch") or {}
     py, http = item.get("python"), item.get("http")
     if not py:
         return "_not measured (see errors)_"
     rows = [
-        [
+        _launch_row(
             "Python API, new run",
-            num(py["new"]["per_launch_s"]["p50"], "ms"),
-            num(py["new"]["per_launch_s"]["p99"], "ms"),
-            num(py["new"]["launches_per_s"]),
+            py["new"],
             "bare 1-task chain send: "
             + num(py["baseline_bare_chain_send"]["per_launch_s"]["p50"], "ms"),
             num(py["ratio_new_to_bare_send"], "x"),
-        ],
-        [
+        ),
+        _launch_row(
             "Python API, same request_id again",
-            num(py["duplicate"]["per_launch_s"]["p50"], "ms"),
-            num(py["duplicate"]["per_launch_s"]["p99"], "ms"),
-            num(py["duplicate"]["launches_per_s"]),
+            py["duplicate"],
             "same run returned, nothing written: "
             + str(py["duplicates_returned_same_run_and_wrote_nothing"]),
             "",
-        ],
-        *(
-            [
-                [
-                    f"Python API, new run, beside {num(crowded['live_runs'])} more live runs "
-                    "of its owner",
-                    num(crowded["new"]["per_launch_s"]["p50"], "ms"),
-                    num(crowded["new"]["per_launch_s"]["p99"], "ms"),
-                    num(crowded["new"]["launches_per_s"]),
-                    "bare 1-task chain send, interleaved: "
-                    + num(crowded["baseline_bare_chain_send"]["per_launch_s"]["p50"], "ms"),
-                    num(crowded["ratio_new_to_bare_send"], "x"),
-                ]
-            ]
-            if (crowded := py.get("beside_live"))
-            else []
         ),
-        [
-            "Python API, 4 threads",
-            "",
-            "",
-            num(py.get("threads_4_launches_per_s")),
-            "",
-            "",
-        ],
     ]
+    crowded = py.get("beside_live")
+    if crowded:
+        rows.append(
+            _launch_row(
+                f"Python API, new run, beside {crowded['live_runs']:,} more live runs of its owner",
+                crowded["new"],
+                "bare 1-task chain send, interleaved: "
+                + num(crowded["baseline_bare_chain_send"]["per_launch_s"]["p50"], "ms"),
+                num(crowded["ratio_new_to_bare_send"], "x"),
+            )
+        )
+    rows.append(["Python API, 4 threads", "", "", num(py.get("threads_4_launches_per_s")), "", ""])
     if http and "new" in http:
         rows += [
-            [
+            _launch_row(
                 "HTTP POST /runs, new run",
-                num(http["new"]["per_launch_s"]["p50"], "ms"),
-                num(http["new"]["per_launch_s"]["p99"], "ms"),
-                num(http["new"]["launches_per_s"]),
+                http["new"],
                 "Python API in the same run: "
                 + num(http["baseline_python_api"]["per_launch_s"]["p50"], "ms"),
                 num(http["ratio_new_to_python_api"], "x"),
-            ],
-            [
+            ),
+            _launch_row(
                 "HTTP, same request_id again",
-                num(http["duplicate"]["per_launch_s"]["p50"], "ms"),
-                num(http["duplicate"]["per_launch_s"]["p99"], "ms"),
-                num(http["duplicate"]["launches_per_s"]),
+                http["duplicate"],
                 "same run returned, nothing written: "
                 + str(http["duplicates_returned_same_run_and_wrote_nothing"]),
                 "",
-            ],
+            ),
         ]
     text = table(["launch", "p50", "p99", "per second (1 / p50)", "baseline", "ratio"], rows)
     text += (
