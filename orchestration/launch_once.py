@@ -14,9 +14,12 @@ that wrote nothing and found nothing (a limit reached, or a concurrent launch of
 id) tells the caller to take the full transaction, which raises the limit's own error or
 finds the id.
 
-The steps go in as one array per column, ``unnest``-ed into rows: the statement and its
-parameters are the same whatever the run's length, so it is built, converted by the driver
-and planned by PostgreSQL once, and a 200-step launch is one statement too.
+The steps go in as one array per column in which they differ (``new_runs.PER_STEP``),
+``unnest``-ed into rows, and one value for each column they share (their run, status, times):
+the statement and its parameters are the same whatever the run's length, so it is built,
+converted by the driver and planned by PostgreSQL once, and a 200-step launch is one
+statement too. A shared column sent as an array would cost the driver a dump per element
+for a value it already has once.
 
 The live runs are counted by the database as they change (:mod:`orchestration.live_counts`),
 so the admission reads a few rows of counts whatever the number of live runs; it reads them
@@ -38,7 +41,7 @@ from sqlalchemy.orm import Session
 from orchestration import live_counts
 from orchestration.db import postgresql_url
 from orchestration.models import Run, RunEvent, Step
-from orchestration.new_runs import NewRun
+from orchestration.new_runs import PER_STEP, NewRun
 from orchestration.settings import Settings
 from orchestration.transitions import JOURNALED
 
@@ -90,10 +93,18 @@ def write(
     event: dict[str, Any],
 ) -> Outcome:
     """Insert the run, its steps and its journal row if the run is admitted (see the module
-    docstring), in one statement."""
-    statement = _statement(tuple(run), tuple(steps[0]))
+    docstring), in one statement. Raises ``ValueError`` for steps that differ in a column
+    outside ``new_runs.PER_STEP``, which one value could not write."""
+    first = steps[0]
+    varying = tuple(name for name in first if name in PER_STEP)
+    shared = {name: value for name, value in first.items() if name not in PER_STEP}
+    differ = {name for step in steps[1:] for name, value in shared.items() if step[name] != value}
+    if differ:
+        raise ValueError(f"new steps differ in {sorted(differ)}, outside new_runs.PER_STEP")
+    statement = _statement(tuple(run), varying, tuple(shared))
     params: dict[str, Any] = {f"r_{name}": value for name, value in run.items()}
-    params.update({f"s_{name}": [step[name] for step in steps] for name in steps[0]})
+    params.update({f"s_{name}": [step[name] for step in steps] for name in varying})
+    params.update({f"s_{name}": value for name, value in shared.items()})
     params.update({f"j_{name}": event[name] for name in JOURNALED})
     params["max_total"] = settings.max_active_runs
     params["max_mine"] = settings.max_active_runs_per_owner
@@ -102,8 +113,11 @@ def write(
 
 
 @functools.lru_cache(maxsize=8)
-def _statement(run_columns: tuple[str, ...], step_columns: tuple[str, ...]) -> Any:
-    """The statement for rows given these columns, built once per shape."""
+def _statement(
+    run_columns: tuple[str, ...], step_columns: tuple[str, ...], shared: tuple[str, ...]
+) -> Any:
+    """The statement for rows given these columns (the steps' ``step_columns`` one array
+    each, their ``shared`` ones one value each), built once per shape."""
     owner = bindparam("r_owner", type_=_RUNS.c.owner.type)
     # The run the owner's request id names, looked up once through ``uq_runs_owner_request``.
     # It reads the statement's snapshot, taken before its inserts: it finds a run only when
@@ -147,9 +161,13 @@ def _statement(run_columns: tuple[str, ...], step_columns: tuple[str, ...]) -> A
         .table_valued(*step_columns)
         .render_derived()
     )
+    once = [bindparam(f"s_{name}", type_=_STEPS.c[name].type) for name in shared]
     step_rows = (
         _STEPS.insert()
-        .from_select(list(step_columns), select(*given.c).select_from(made).join(given, true()))
+        .from_select(
+            [*step_columns, *shared],
+            select(*given.c, *once).select_from(made).join(given, true()),
+        )
         .cte("step_rows")
     )
     row = select(*(bindparam(f"j_{name}", type_=_EVENTS.c[name].type) for name in JOURNALED))

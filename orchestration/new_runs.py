@@ -121,6 +121,12 @@ def rows(
     return run, rows, events, plan
 
 
+#: The columns in which the new steps of one run differ (what :func:`new_step` derives from
+#: the step's position and spec, and the first segment's task ids); every other column it
+#: sets is the same for all of a launch's pending steps (a rerun's reused steps aside).
+PER_STEP = ("index", "step_id", "provider", "idempotency_key", "celery_task_id")
+
+
 def new_step(
     run_id: str,
     index: int,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select, text
 
-from orchestration import claims, launching
+from orchestration import claims, launch_once, launching
 from orchestration.db import get_engine, postgresql_url, session_scope, utcnow
 from orchestration.errors import (
     IdempotencyConflict,
@@ -35,7 +35,13 @@ from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
-from orchestration.transitions import lock_run, touch_step, transition_run, transition_step
+from orchestration.transitions import (
+    JOURNALED,
+    lock_run,
+    touch_step,
+    transition_run,
+    transition_step,
+)
 from tests.conftest import DATABASE_URL
 from tests.integration.conftest import Stack
 from tests.support.statements import await_blocked, sent, stepper_on
@@ -352,6 +358,21 @@ def test_the_one_statement_writes_the_rows_the_transaction_writes(stack: Stack) 
             )
         )
     assert written[0] == written[1]
+
+
+def test_the_one_statement_refuses_steps_that_differ_in_a_shared_column(stack: Stack) -> None:
+    settings = stack.settings
+    run_id, request_id = _rid(), _rid()
+    run = {"id": run_id, "owner": "owner-1", "request_id": request_id}
+    steps = [
+        {"index": index, "step_id": f"s{index}", "run_id": run_id, "attempt": attempt}
+        for index, attempt in enumerate((1, 2))
+    ]
+    event = dict.fromkeys(JOURNALED) | {"run_id": run_id}
+    with session_scope(settings.database_url) as session, pytest.raises(ValueError, match="differ"):
+        launch_once.write(session, settings, run, steps, event)
+    with session_scope(settings.database_url) as session:
+        assert session.scalar(select(func.count()).where(Run.request_id == request_id)) == 0
 
 
 def _nulls(settings: Settings, run_id: str) -> list[tuple[bool, ...]]:
