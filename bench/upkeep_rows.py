@@ -17,7 +17,7 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts
+from orchestration import artifacts, status_triggers
 from orchestration.db import get_engine, session_scope
 from orchestration.models import Artifact, Checkpoint, Effect, Run, RunEvent, Step
 from orchestration.settings import Settings
@@ -84,7 +84,7 @@ def run_rows(
     run = {
         "id": run_id, "owner": owner, "request_id": run_id, "fingerprint": "f" * 64,
         "workflow_name": "report", "workflow": WORKFLOW, "args": {"topic": f"topic {index}"},
-        "status": status, "stop_reason": "completed" if ended else None,
+        "status": status, "cause": "bench seed", "stop_reason": "completed" if ended else None,
         "created_at": at - timedelta(minutes=3), "started_at": at - timedelta(minutes=3),
         "updated_at": at, "heartbeat_at": at, "finished_at": ended,
         "deadline_at": None if ended else now + timedelta(hours=1), "task_ids": [run_id],
@@ -104,6 +104,7 @@ def run_rows(
         steps.append({
             "run_id": run_id, "index": position, "step_id": step_id, "provider": "scripted",
             "status": "completed" if done else ("running" if position == 0 else "pending"),
+            "cause": "bench seed",
             "attempt": 1, "polls": 3 if done else 0, "input": f"{step_id} the report",
             "output": output if done else None, "output_sha256": sha256,
             "created_at": at, "updated_at": at,
@@ -142,7 +143,7 @@ def seed(url: str, old: int, recent: int, live: int, now: datetime) -> Seeded:
                 if ended is None or ended > now - timedelta(days=30):
                     survivors.append(run["id"])
                     survivor_events += len(run_events)
-            with engine.begin() as connection:
+            with engine.begin() as connection, status_triggers.suspended(connection):
                 connection.execute(insert(Run), runs)
                 connection.execute(insert(Step), steps)
                 connection.execute(insert(RunEvent), events)

@@ -114,7 +114,6 @@ def _record_request(
             cause=f"cancel requested by {by}",
             now=now,
             values={"deadline_at": deadline},
-            seen=RunStatus(run.status),
         )
     branches = closing.live_branches(session, run_id)
     in_flight = _in_flight(session, settings, run_id, now)

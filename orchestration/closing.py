@@ -101,7 +101,6 @@ def end_run(
         now=now,
         stop_reason=stop_reason,
         values=values,
-        seen=RunStatus(run.status),
     )
     live_steps = session.scalars(
         select(Step)
@@ -118,9 +117,7 @@ def end_run(
         step_values = (
             {"error": step_error} if step_error and target is not StepStatus.SKIPPED else {}
         )
-        transition_step(
-            session, step, target, cause=cause, now=now, values=step_values, seen=step.status
-        )
+        transition_step(session, step, target, cause=cause, now=now, values=step_values)
     for stopped in tried:
         turns.record(session, stopped, now, attempts=stop_attempts)
     then = Followups(

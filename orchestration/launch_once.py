@@ -40,14 +40,12 @@ from sqlalchemy.orm import Session
 
 from orchestration import live_counts
 from orchestration.db import postgresql_url
-from orchestration.models import Run, RunEvent, Step
+from orchestration.models import Run, Step
 from orchestration.new_runs import PER_STEP, NewRun
 from orchestration.settings import Settings
-from orchestration.transitions import JOURNALED
 
 _RUNS = cast(Table, Run.__table__)
 _STEPS = cast(Table, Step.__table__)
-_EVENTS = cast(Table, RunEvent.__table__)
 
 
 def fits(settings: Settings, request: NewRun) -> bool:
@@ -61,17 +59,12 @@ def fits(settings: Settings, request: NewRun) -> bool:
     )
 
 
-def set_columns(row: Run | Step | RunEvent) -> dict[str, Any]:
+def set_columns(row: Run | Step) -> dict[str, Any]:
     """The columns a new row object was given, by column name (what the ORM would insert);
     every step of a launch is given the same ones."""
     given = vars(row)
     columns = row.__table__.columns
     return {column.key: given[column.key] for column in columns if column.key in given}
-
-
-def journal_row(event: RunEvent) -> dict[str, Any]:
-    """A journal row's columns, all of them (one executemany takes the keys of its first)."""
-    return {name: getattr(event, name) for name in JOURNALED}
 
 
 @dataclass(frozen=True)
@@ -90,11 +83,10 @@ def write(
     settings: Settings,
     run: dict[str, Any],
     steps: Sequence[dict[str, Any]],
-    event: dict[str, Any],
 ) -> Outcome:
-    """Insert the run, its steps and its journal row if the run is admitted (see the module
-    docstring), in one statement. Raises ``ValueError`` for steps that differ in a column
-    outside ``new_runs.PER_STEP``, which one value could not write."""
+    """Insert the run and its steps if the run is admitted (see the module docstring), in one
+    statement (the database journals the run). Raises ``ValueError`` for steps that differ
+    in a column outside ``new_runs.PER_STEP``, which one value could not write."""
     first = steps[0]
     varying = tuple(name for name in first if name in PER_STEP)
     shared = {name: value for name, value in first.items() if name not in PER_STEP}
@@ -105,7 +97,6 @@ def write(
     params: dict[str, Any] = {f"r_{name}": value for name, value in run.items()}
     params.update({f"s_{name}": [step[name] for step in steps] for name in varying})
     params.update({f"s_{name}": value for name, value in shared.items()})
-    params.update({f"j_{name}": event[name] for name in JOURNALED})
     params["max_total"] = settings.max_active_runs
     params["max_mine"] = settings.max_active_runs_per_owner
     made, found, fingerprint = session.execute(statement, params).one()
@@ -170,15 +161,8 @@ def _statement(
         )
         .cte("step_rows")
     )
-    row = select(*(bindparam(f"j_{name}", type_=_EVENTS.c[name].type) for name in JOURNALED))
-    journal = (
-        _EVENTS.insert()
-        .from_select(list(JOURNALED), row.select_from(made))
-        .returning(_EVENTS.c.id)
-        .cte("journal")
-    )
     return select(
-        exists(select(1).select_from(journal)).label("made"),
+        exists(select(1).select_from(made)).label("made"),
         select(prior.c.id).scalar_subquery().label("found"),
         select(prior.c.fingerprint).scalar_subquery().label("fingerprint"),
-    ).add_cte(prior, made, step_rows, journal)
+    ).add_cte(prior, made, step_rows)

@@ -36,7 +36,7 @@ from orchestration import (
 )
 from orchestration.errors import IdempotencyConflict, LimitExceeded, ValidationError
 from orchestration.followups import Done, Followups, Transact
-from orchestration.models import Run, RunEvent, Step
+from orchestration.models import Run, Step
 from orchestration.settings import Settings
 
 T = TypeVar("T")
@@ -46,7 +46,6 @@ _NAME = re.compile(r"[\x21-\x7e]{1,200}")
 
 _RUNS = cast(Table, Run.__table__)
 _STEPS = cast(Table, Step.__table__)
-_EVENTS = cast(Table, RunEvent.__table__)
 _FOUND = (
     select(Run.id)
     .where(Run.owner == bindparam("b_owner"), Run.request_id == bindparam("b_request"))
@@ -194,11 +193,10 @@ def _write_once(
     """The launch as one statement (:mod:`orchestration.launch_once`), or the run its
     request id already names; ``None`` when it wrote nothing and found nothing, and the full
     transaction must decide."""
-    run, rows, events, plan = new_runs.rows(settings, request, None)
-    assert plan is not None and len(events) == 1
+    run, rows, plan = new_runs.rows(settings, request, None)
+    assert plan is not None
     columns = [launch_once.set_columns(row) for row in rows]
-    journal = launch_once.journal_row(events[0])
-    did = launch_once.write(session, settings, launch_once.set_columns(run), columns, journal)
+    did = launch_once.write(session, settings, launch_once.set_columns(run), columns)
     if did.found is not None:
         return Done((_replay(session, request, did.found, did.fingerprint, read),))
     if not did.made:
@@ -261,12 +259,12 @@ def _write(
                 extra={"needs_review": True} if oust.displaced else {"cancel_requested_at": now},
                 promote=False,
             )
-    run, rows, events, plan = new_runs.rows(settings, request, decision)
-    # Core inserts of the rows as built (the run, its steps in one multi-row insert, the
-    # journal): nothing is read back, so the ORM's unit of work has nothing to track.
+    run, rows, plan = new_runs.rows(settings, request, decision)
+    # Core inserts of the rows as built (the run, its steps in one multi-row insert; the
+    # database journals the run): nothing is read back, so the ORM's unit of work has
+    # nothing to track.
     session.execute(_RUNS.insert(), launch_once.set_columns(run))
     session.execute(_STEPS.insert(), [launch_once.set_columns(row) for row in rows])
-    session.execute(_EVENTS.insert(), [launch_once.journal_row(event) for event in events])
     if reuse is not None:
         kept = {k.sha256 for k in reuse.outputs[: reuse.first] if k.sha256}
         artifacts.touch(session, owner, kept, now)

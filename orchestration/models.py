@@ -80,7 +80,8 @@ class Base(DeclarativeBase):
 
 
 class Run(Base):
-    """One workflow run. ``status`` is written only by ``transitions.transition_run``."""
+    """One workflow run. A status change is checked and journaled by the database
+    (:mod:`orchestration.status_triggers`)."""
 
     __tablename__ = "runs"
     __table_args__ = (
@@ -160,6 +161,8 @@ class Run(Base):
     workflow: Mapped[dict[str, Any]] = mapped_column(JSONType)
     args: Mapped[dict[str, Any]] = mapped_column(JSONType)
     status: Mapped[RunStatus] = mapped_column(StateColumn(RunStatus))
+    #: Why the run is in its status: the latest change's cause, which the journal copies.
+    cause: Mapped[str | None] = mapped_column(Text)
     stop_reason: Mapped[str | None] = mapped_column(String(40))
     error: Mapped[str | None] = mapped_column(Text)
     result: Mapped[Any] = mapped_column(JSONType, nullable=True)
@@ -210,7 +213,8 @@ class Run(Base):
 
 
 class Step(Base):
-    """One step of a run. ``status`` is written only by ``transitions.transition_step``."""
+    """One step of a run. A status change is checked and journaled by the database
+    (:mod:`orchestration.status_triggers`)."""
 
     __tablename__ = "steps"
     __table_args__ = (
@@ -229,6 +233,8 @@ class Step(Base):
     step_id: Mapped[str] = mapped_column(String(80))
     provider: Mapped[str] = mapped_column(String(80))
     status: Mapped[StepStatus] = mapped_column(StateColumn(StepStatus))
+    #: Why the step is in its status: the latest change's cause, which the journal copies.
+    cause: Mapped[str | None] = mapped_column(Text)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     provider_run_id: Mapped[str | None] = mapped_column(String(200))
@@ -272,7 +278,8 @@ class Step(Base):
 
 
 class RunEvent(Base):
-    """The journal: one row per status change of a run or one of its steps."""
+    """The journal: one row per status change of a run or one of its steps, written by the
+    database's triggers (:mod:`orchestration.status_triggers`), never by the code."""
 
     __tablename__ = "run_events"
     __table_args__ = (Index("ix_run_events_run", "run_id", "id"),)

@@ -1,6 +1,7 @@
 """The rows of a new run, as a launch (a rerun too) and a fan-out's branches write them: the
-run row, its steps, its first journal rows and its first chain segment, built in Python and
-inserted as they are, so that the record a launch returns needs no read back."""
+run row, its steps and its first chain segment, built in Python and inserted as they are, so
+that the record a launch returns needs no read back. Each row carries the ``cause`` of its
+first status, which the database journals (:mod:`orchestration.status_triggers`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from orchestration import artifacts, chains, claims, deadlines, step_specs
 from orchestration.followups import ChainPlan
-from orchestration.models import Run, RunEvent, Step
+from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import ClaimState, RunStatus, StepStatus
 from orchestration.step_specs import StepSpec
@@ -52,9 +53,9 @@ class NewRun:
 
 def rows(
     settings: Settings, request: NewRun, decision: claims.Decision | None
-) -> tuple[Run, list[Step], list[RunEvent], ChainPlan | None]:
-    """The new run's row, its steps, its journal and its first chain segment (``None`` for a
-    run queued behind a concurrency key's holder: it gets its segment with the claim)."""
+) -> tuple[Run, list[Step], ChainPlan | None]:
+    """The new run's row, its steps and its first chain segment (``None`` for a run queued
+    behind a concurrency key's holder: it gets its segment with the claim)."""
     definition, now, reuse = request.definition, request.now, request.reuse
     queued = decision is not None and decision.claim is ClaimState.QUEUED
     run_id = uuid.uuid4().hex
@@ -78,6 +79,7 @@ def rows(
         workflow=definition,
         args=request.args,
         status=RunStatus.QUEUED.value,
+        cause=_rerun_cause(reuse, definition["steps"]) if reuse else "launched",
         created_at=now,
         updated_at=now,
         heartbeat_at=now,
@@ -99,26 +101,11 @@ def rows(
             now,
             task_id=task_of.get(index),
             reused=reuse.outputs[index] if reuse is not None and index < first else None,
+            reused_from=reuse.rerun_of if reuse is not None else None,
         )
         for index, step in enumerate(definition["steps"])
     ]
-    events = [
-        queued_event(
-            run_id, f"rerun of {reuse.rerun_of} from step {first}" if reuse else "launched", now
-        ),
-        *(
-            RunEvent(
-                run_id=run_id,
-                step_id=definition["steps"][index]["id"],
-                from_status=None,
-                to_status=StepStatus.COMPLETED.value,
-                cause=f"output reused from run {reuse.rerun_of if reuse else '?'}",
-                at=now,
-            )
-            for index in range(first)
-        ),
-    ]
-    return run, rows, events, plan
+    return run, rows, plan
 
 
 #: The columns in which the new steps of one run differ (what :func:`new_step` derives from
@@ -135,15 +122,17 @@ def new_step(
     *,
     task_id: str | None,
     reused: artifacts.Kept | None = None,
+    reused_from: str | None = None,
 ) -> Step:
     """A new run's step row from its stored spec: pending, or ``completed`` with the output
-    a rerun reuses (``reused``)."""
+    a rerun reuses (``reused``, from run ``reused_from``)."""
     return Step(
         run_id=run_id,
         index=index,
         step_id=step["id"],
         provider=step_specs.provider_column(step),
         status=(StepStatus.COMPLETED if reused is not None else StepStatus.PENDING).value,
+        cause=f"output reused from run {reused_from}" if reused is not None else "launched",
         attempt=1,
         idempotency_key=idempotency_key(run_id, step["id"], 1),
         polls=0,
@@ -156,8 +145,8 @@ def new_step(
     )
 
 
-def queued_event(run_id: str, cause: str, now: datetime) -> RunEvent:
-    """The journal's first row of a new run."""
-    return RunEvent(
-        run_id=run_id, from_status=None, to_status=RunStatus.QUEUED.value, cause=cause, at=now
-    )
+def _rerun_cause(reuse: Reuse, steps: list[dict[str, Any]]) -> str:
+    """A rerun's first cause names the run it reruns and the step it starts at."""
+    if reuse.first < len(steps):
+        return f"rerun of {reuse.rerun_of} from step {steps[reuse.first]['id']}"
+    return f"rerun of {reuse.rerun_of}"

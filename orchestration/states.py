@@ -1,9 +1,10 @@
 """Run and step statuses, stop reasons, park reasons and the allowed transitions.
 
-This module is data only: no I/O. Every status write in the project goes through
-:func:`orchestration.transitions.transition_run` or ``transition_step``, which look up the
-allowed sources here and perform a compare-and-set in SQL. ``docs/concepts.md`` is checked
-against this module by ``tests/unit/test_states.py``.
+This module is data only: no I/O. The database enforces these tables itself: triggers
+generated from them (:mod:`orchestration.status_triggers`) refuse an illegal status change
+or a new row in a status it cannot start in, and write the journal row of every change, so
+no writer, fast path or not, can step around them. ``docs/concepts.md`` is checked against
+this module by ``tests/unit/test_states.py``.
 """
 
 from __future__ import annotations
@@ -291,6 +292,17 @@ STEP_END_FOR_RUN_END: dict[RunStatus, StepStatus] = {
     _R.TIMED_OUT: StepStatus.TIMED_OUT,
     _R.INTERRUPTED: StepStatus.CANCELLED,
 }
+
+
+#: The statuses a new run row may be written in: a launch's run is queued; a branch run whose
+#: whole output a rerun reuses is written completed.
+RUN_INITIAL: frozenset[RunStatus] = frozenset({RunStatus.QUEUED, RunStatus.COMPLETED})
+#: The statuses a new step row may be written in: pending, or completed with the output a
+#: rerun reuses.
+STEP_INITIAL: frozenset[StepStatus] = frozenset({StepStatus.PENDING, StepStatus.COMPLETED})
+#: A new step in this status is not journaled on its own: its run's first journal row says
+#: that it was launched.
+STEP_SILENT_INITIAL = StepStatus.PENDING
 
 
 def run_sources(target: RunStatus) -> frozenset[RunStatus]:

@@ -46,7 +46,7 @@ def ask(
     if step.status == StepStatus.PENDING:
         transition_step(
             session, step, StepStatus.RUNNING, cause="approval requested", now=now,
-            values={"input": prompt}, seen=StepStatus.PENDING,
+            values={"input": prompt},
         )  # fmt: skip
     expires = now + timedelta(seconds=spec.approval.expires_in)
     parking.park(

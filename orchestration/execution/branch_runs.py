@@ -22,10 +22,10 @@ from sqlalchemy.orm import Session
 from orchestration import artifacts, chains, deadlines, specs, step_specs, templating, workflows
 from orchestration.errors import ValidationError
 from orchestration.followups import ChainPlan
-from orchestration.models import Run, RunEvent, Step
-from orchestration.new_runs import new_step, queued_event
+from orchestration.models import Run, Step
+from orchestration.new_runs import new_step
 from orchestration.settings import Settings
-from orchestration.states import ClaimState, RunStatus, StepStatus
+from orchestration.states import ClaimState, RunStatus, StepStatus, StopReason
 from orchestration.step_specs import StepSpec
 
 #: A ``parallel`` branch has no item.
@@ -165,9 +165,11 @@ def write(
     now: datetime, *, admit: bool,
 ) -> ChainPlan | None:  # fmt: skip
     """Insert one branch run and its step; return its first segment if it is admitted now."""
+    waiting = "" if admit else "; waiting for a slot"
     run = _row(
         parent, made, now,
         status=RunStatus.QUEUED.value,
+        cause=f"branch {made.key} of step {spec.id} of run {parent.id}{waiting}",
         # Admitted: its heartbeat's deadline; waiting for a slot: its parent's, which ends
         # it if nothing else does.
         deadline_at=deadlines.compute(settings, RunStatus.QUEUED, heartbeat_at=now)
@@ -180,12 +182,6 @@ def write(
     session.add(run)
     only = made.definition["steps"][0]
     session.add(new_step(run.id, 0, only, now, task_id=plan.links[0].task_id if plan else None))
-    waiting = "" if admit else "; waiting for a slot"
-    session.add(
-        queued_event(
-            run.id, f"branch {made.key} of step {spec.id} of run {parent.id}{waiting}", now
-        )
-    )
     specs.remember(run.id, (made.spec,))
     return plan
 
@@ -193,35 +189,38 @@ def write(
 def write_reused(
     session: Session, parent: Run, spec: StepSpec, made: Branch, source: Completed, now: datetime
 ) -> None:
-    """Insert a branch run that ended ``completed`` with ``source``'s input and output and
-    started no turn, and journal where it came from."""
+    """Insert a branch run that is ``completed`` with ``source``'s input and output and
+    started no turn; its first status's cause names where it came from."""
+    why = (
+        f"branch {made.key} of step {spec.id} of run {parent.id}: output reused from "
+        f"branch run {source.run_id} of run {parent.rerun_of}"
+    )
     run = _row(
-        parent, made, now,
-        status=RunStatus.COMPLETED.value, result=source.output,
-        result_sha256=source.output_sha256, finished_at=now,
-        deadline_at=None, task_ids=[], claim=None,
-    )  # fmt: skip
+        parent,
+        made,
+        now,
+        status=RunStatus.COMPLETED.value,
+        cause=why,
+        stop_reason=StopReason.COMPLETED.value,
+        result=source.output,
+        result_sha256=source.output_sha256,
+        finished_at=now,
+        deadline_at=None,
+        task_ids=[],
+        claim=None,
+    )
     session.add(run)
     reused = artifacts.Kept(source.output, source.output_sha256)
     if source.output_sha256 is not None:
         artifacts.touch(session, parent.owner, {source.output_sha256}, now)
-    step = new_step(run.id, 0, made.definition["steps"][0], now, task_id=None, reused=reused)
+    step = new_step(
+        run.id,
+        0,
+        made.definition["steps"][0],
+        now,
+        task_id=None,
+        reused=reused,
+        reused_from=source.run_id,
+    )
     step.input = source.input
     session.add(step)
-    why = f"output reused from branch run {source.run_id} of run {parent.rerun_of}"
-    session.add(
-        queued_event(run.id, f"branch {made.key} of step {spec.id} of run {parent.id}", now)
-    )
-    # The step's row and the run's, as a launch journals a reused step.
-    session.add(
-        RunEvent(
-            run_id=run.id, step_id=made.spec.id, from_status=None,
-            to_status=StepStatus.COMPLETED.value, cause=why, at=now,
-        )
-    )  # fmt: skip
-    session.add(
-        RunEvent(
-            run_id=run.id, from_status=RunStatus.QUEUED.value,
-            to_status=RunStatus.COMPLETED.value, cause=why, at=now,
-        )
-    )  # fmt: skip

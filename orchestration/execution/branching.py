@@ -117,12 +117,10 @@ def expand(
     transition_step(
         session, step, StepStatus.RUNNING, cause=f"{len(branches)} branches starting{also}",
         now=now, values={"input": items if items is not None else [key for key, _, _ in branches]},
-        seen=StepStatus.PENDING,
     )  # fmt: skip
     if entry.run_status is RunStatus.QUEUED:
         transition_run(
             session, run_id, RunStatus.RUNNING, cause="first step starting", now=now,
-            seen=RunStatus.QUEUED,
         )  # fmt: skip
     session.refresh(run)  # transitions write SQL directly
     session.refresh(step)

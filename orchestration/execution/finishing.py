@@ -150,7 +150,6 @@ def complete(
         cause="turn finished and effects ran" + (f"; {failed}" if failed else ""),
         now=now,
         values={**(values or {}), "error": failed or None},
-        seen=StepStatus(step.status),
         run_values=moved if along else None,
     )
     if along:
@@ -177,7 +176,6 @@ def complete(
             cause=f"step {step.step_id} completed",
             now=now,
             values=moved,
-            seen=RunStatus.WAITING,
         )
     then = Followups()
     if not chained:

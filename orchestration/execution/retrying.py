@@ -95,7 +95,6 @@ def next_attempt(
             "next_poll_at": retry_at,
             "past_attempts": [*(step.past_attempts or []), ended],
         },
-        seen=StepStatus(step.status),
     )
     then = Followups()
     if (

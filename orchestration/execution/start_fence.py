@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import CTE, Insert, Table, bindparam, exists, literal, null, select
+from sqlalchemy import Table, bindparam, exists
 from sqlalchemy.orm import Session
 
 from orchestration import specs
@@ -37,7 +37,6 @@ from orchestration.followups import Done, Transact
 from orchestration.models import RunEvent
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
-from orchestration.transitions import JOURNALED
 
 _EVENTS: Table = RunEvent.__table__  # type: ignore[assignment]
 #: What the full claim journals for a first attempt.
@@ -56,6 +55,7 @@ _CLAIM = fence.FENCE.where(
     ),
 ).values(
     status=StepStatus.RUNNING.value,
+    cause=CAUSE,
     input=bindparam("b_input", type_=fence.STEPS.c.input.type),
     start_claimed_at=bindparam("b_now"),
     started_at=bindparam("b_now"),
@@ -63,20 +63,7 @@ _CLAIM = fence.FENCE.where(
 )
 
 
-def _journal(fenced: CTE) -> Insert:
-    row = select(
-        bindparam("b_run", type_=_EVENTS.c.run_id.type),
-        fenced.c.step_id,
-        literal(StepStatus.PENDING.value, _EVENTS.c.from_status.type),
-        literal(StepStatus.RUNNING.value, _EVENTS.c.to_status.type),
-        literal(CAUSE, _EVENTS.c.cause.type),
-        null(),
-        bindparam("b_now", type_=_EVENTS.c.at.type),
-    ).select_from(fenced)
-    return _EVENTS.insert().from_select(list(JOURNALED), row)
-
-
-FENCE_CLAIM_AND_STAMP = fence.fence_and_stamp(_CLAIM, journal=_journal)
+FENCE_CLAIM_AND_STAMP = fence.fence_and_stamp(_CLAIM)
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,6 @@ def claim(
                 cause="turn starting" if step.attempt == 1 else f"attempt {step.attempt} starting",
                 now=now,
                 values={"input": rendered, "start_claimed_at": now, "retry_at": None},
-                seen=step.status,
             )
         else:
             touch_step(session, step, now, start_claimed_at=now)
@@ -116,7 +115,6 @@ def claim(
             RunStatus.RUNNING,
             cause="first step starting",
             now=now,
-            seen=RunStatus.QUEUED,
         )
     if approval is not None:
         run = session.get(Run, run_id, populate_existing=True)

@@ -36,7 +36,6 @@ from orchestration.service import Orchestrator
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
 from orchestration.transitions import (
-    JOURNALED,
     lock_run,
     touch_step,
     transition_run,
@@ -181,18 +180,15 @@ def test_a_parked_run_is_polled_through_the_full_entry(stack: Stack) -> None:
     assert (run.status, run.park_reason, run.heartbeat_at) == ("running", None, clock())
 
 
-def test_a_transition_is_one_statement_that_journals_only_a_move(stack: Stack) -> None:
-    """The first compare-and-set is tried on a status the step is not in: it moves nothing
-    and journals nothing; the second, on the status read back, moves it and journals once."""
+def test_a_transition_is_one_statement_and_the_database_journals_it(stack: Stack) -> None:
+    """The compare-and-set on the sources the state machine allows is the one statement a
+    transition sends; the journal row is the database's (``status_triggers``)."""
     settings = stack.settings
     run_id = launch(settings, workflow(step_spec(with_=RUNNING)), now=T0)
     step = steps_of(settings, run_id)[0]
     with sent(settings) as seen, session_scope(settings.database_url) as session:
-        left = transition_step(
-            session, step, StepStatus.RUNNING, cause="test", now=T0, seen=StepStatus.RETRYING
-        )
-    assert left is StepStatus.PENDING
-    assert [word for word, _ in seen.statements] == ["WITH", "SELECT", "WITH"]
+        transition_step(session, step, StepStatus.RUNNING, cause="test", now=T0)
+    assert [word for word, _ in seen.statements] == ["UPDATE"]
     moves = [e for e in events_of(settings, run_id) if e.step_id == step.step_id]
     assert [(e.from_status, e.to_status) for e in moves] == [("pending", "running")]
     assert steps_of(settings, run_id)[0].status == "running"
@@ -368,9 +364,8 @@ def test_the_one_statement_refuses_steps_that_differ_in_a_shared_column(stack: S
         {"index": index, "step_id": f"s{index}", "run_id": run_id, "attempt": attempt}
         for index, attempt in enumerate((1, 2))
     ]
-    event = dict.fromkeys(JOURNALED) | {"run_id": run_id}
     with session_scope(settings.database_url) as session, pytest.raises(ValueError, match="differ"):
-        launch_once.write(session, settings, run, steps, event)
+        launch_once.write(session, settings, run, steps)
     with session_scope(settings.database_url) as session:
         assert session.scalar(select(func.count()).where(Run.request_id == request_id)) == 0
 
@@ -435,34 +430,26 @@ def test_an_instant_step_completes_and_moves_its_run_in_its_write_statements(
 
 
 def test_a_step_that_does_not_move_leaves_its_run_untouched(stack: Stack) -> None:
-    """The run's columns ride on the step's compare-and-set: a step in another status than
-    the one seen moves nothing, so the run is not written either (and the retried
-    compare-and-set, on the status read back, writes both)."""
+    """The run's columns ride on the step's compare-and-set, as a piece after it: a step the
+    state machine does not let move writes nothing, its run included, in one statement."""
     settings = stack.settings
     run_id = launch(settings, workflow(step_spec(with_=RUNNING)), now=T0)
     step = steps_of(settings, run_id)[0]
     later = T0 + timedelta(seconds=5)
 
-    def move(to: StepStatus, seen: StepStatus) -> None:
+    def move(to: StepStatus) -> None:
         with session_scope(settings.database_url) as session:
             transition_step(
-                session,
-                step,
-                to,
-                cause="test",
-                now=later,
-                seen=seen,
-                run_values={"current_step": 7},
+                session, step, to, cause="test", now=later, run_values={"current_step": 7}
             )
 
-    # Tried on ``running``, the step is ``pending``: nothing moves, and from ``pending`` the
-    # step may not complete.
+    # From ``pending`` the step may not complete.
     with sent(settings) as seen, pytest.raises(IllegalTransition):
-        move(StepStatus.COMPLETED, StepStatus.RUNNING)
+        move(StepStatus.COMPLETED)
     assert [word for word, _ in seen.statements] == ["WITH", "SELECT"]
     run = run_row(settings, run_id)
     assert (run.current_step, run.updated_at) == (0, T0)
-    move(StepStatus.RUNNING, StepStatus.RETRYING)
+    move(StepStatus.RUNNING)
     run = run_row(settings, run_id)
     assert (run.current_step, run.updated_at) == (7, later)
 

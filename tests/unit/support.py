@@ -8,7 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
 
-from orchestration import claims, launching
+from orchestration import claims, launching, status_triggers
 from orchestration.db import session_scope
 from orchestration.execution import Outcome, Poll, Stepper
 from orchestration.followups import ChainPlan
@@ -189,7 +191,7 @@ def insert_run(
     table-driven tests that need many runs in a given status."""
     run_id = uuid.uuid4().hex
     definition = workflow(*(step_spec(f"s{index}") for index in range(steps)))
-    with session_scope(settings.database_url) as session:
+    with unguarded(settings) as session:
         session.add(
             Run(
                 id=run_id,
@@ -200,6 +202,7 @@ def insert_run(
                 workflow=definition,
                 args={},
                 status=status,
+                cause="inserted by a test",
                 created_at=now,
                 updated_at=now,
                 heartbeat_at=now,
@@ -218,6 +221,7 @@ def insert_run(
                     step_id=f"s{index}",
                     provider="scripted",
                     status="pending",
+                    cause="inserted by a test",
                     attempt=1,
                     idempotency_key=f"{run_id}:s{index}:1",
                     polls=0,
@@ -228,15 +232,27 @@ def insert_run(
     return run_id
 
 
+@contextmanager
+def unguarded(settings: Settings) -> Iterator[Session]:
+    """Test scaffolding only: a transaction in which the database's status guard and journal
+    are off (``status_triggers.suspended``), to write a row straight into any status."""
+    with (
+        session_scope(settings.database_url) as session,
+        status_triggers.suspended(session.connection()),
+    ):
+        yield session
+        session.flush()
+
+
 def force(settings: Settings, run_id: str, **values: Any) -> None:
     """Test scaffolding only: write run columns directly, bypassing the guarded writers."""
-    with session_scope(settings.database_url) as session:
+    with unguarded(settings) as session:
         session.execute(update(Run).where(Run.id == run_id).values(**values))
 
 
 def force_step(settings: Settings, run_id: str, index: int, **values: Any) -> None:
     """Test scaffolding only: write step columns directly, bypassing the guarded writers."""
-    with session_scope(settings.database_url) as session:
+    with unguarded(settings) as session:
         session.execute(
             update(Step).where(Step.run_id == run_id, Step.index == index).values(**values)
         )

@@ -92,7 +92,8 @@ def test_a_rerun_runs_only_the_branches_that_did_not_complete_and_joins_every_ou
     reused = world.record(branches["a"]["run_id"])
     assert (reused.parent_run_id, reused.steps[0].input) == (rerun.id, "draft a")
     causes = [e["cause"] for e in world.orch.events(branches["a"]["run_id"], owner=OWNER)]
-    assert f"output reused from branch run {before['a']} of run {source}" in causes
+    came_from = f"output reused from branch run {before['a']} of run {source}"
+    assert any(came_from in cause for cause in causes), causes
     said = [e["cause"] for e in world.orch.events(rerun.id, owner=OWNER)]
     assert f"3 branches starting; 2 reused from run {source}" in said
     assert world.orch.rerun(source, owner=OWNER, request_id="again").id == rerun.id
