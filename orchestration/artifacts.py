@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from orchestration import bounds
+from orchestration.db import insert_spelled
 from orchestration.errors import ArtifactCorrupt, ArtifactNotFound
 from orchestration.models import Artifact, Step
 from orchestration.settings import Settings
@@ -144,8 +144,7 @@ def store(
         "created_at": now,
         "used_at": now,
     }
-    dialect = sqlite if session.get_bind().dialect.name == "sqlite" else postgresql
-    insert = dialect.insert(Artifact).values(**values)
+    insert = insert_spelled(session.get_bind().dialect.name, Artifact).values(**values)
     session.execute(
         insert.on_conflict_do_update(index_elements=["owner", "sha256"], set_={"used_at": now})
     )

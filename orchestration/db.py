@@ -23,6 +23,10 @@ from sqlalchemy.orm import QueryableAttribute, Session, sessionmaker
 
 from orchestration.errors import ConfigurationError, DatabaseNotReady
 
+#: ``session.info`` key: whether ``orchestration.pieces`` may send this session's pieces as
+#: one statement.
+TOGETHER = "orch_together"
+
 if TYPE_CHECKING:
     from alembic.config import Config
 
@@ -162,15 +166,16 @@ def dispose_engines(*, after_fork: bool = False) -> None:
 
 @functools.lru_cache(maxsize=8)
 def postgresql_url(url: str) -> bool:
-    """Whether ``url`` names a PostgreSQL database (the single-statement paths' test before a
-    session is open)."""
+    """Whether ``url`` names a PostgreSQL database."""
     return make_url(normalize_url(url)).get_backend_name() == "postgresql"
 
 
-def on_postgresql(session: Session) -> bool:
-    """Whether the session's database is PostgreSQL: the hot path's single-statement writes
-    (data-modifying CTEs) and ``ON CONFLICT`` spellings are PostgreSQL's own."""
-    return session.get_bind().dialect.name == "postgresql"
+def insert_spelled(dialect: str, table: Any) -> Any:
+    """``INSERT`` into ``table`` as database ``dialect`` spells it, for its ``ON CONFLICT``
+    clauses (SQLAlchemy builds them per dialect; the SQL is the same on both)."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    return (postgresql if dialect == "postgresql" else sqlite).insert(table)
 
 
 def constant_in(column: _HasColumn, values: Iterable[str]) -> ColumnElement[bool]:
@@ -187,7 +192,11 @@ def constant_in(column: _HasColumn, values: Iterable[str]) -> ColumnElement[bool
 
 @contextmanager
 def session_scope(
-    url: str, *, lock_timeout: float | None = None, autocommit: bool = False
+    url: str,
+    *,
+    lock_timeout: float | None = None,
+    autocommit: bool = False,
+    together: bool = True,
 ) -> Iterator[Session]:
     """A session whose transaction commits when the block ends and rolls back on error.
 
@@ -196,6 +205,8 @@ def session_scope(
     the sweeper uses it so that one frozen worker cannot hold up every run. ``autocommit``
     sends no ``BEGIN`` or ``COMMIT``: each statement commits by itself, for work that is one
     statement (a poll's entry on PostgreSQL) and so atomic without a transaction.
+    ``together``: whether ``orchestration.pieces`` may send a decision's statements as one
+    (``ORCH_SINGLE_STATEMENT``).
     """
     engine = get_engine(url)
     if autocommit:
@@ -203,9 +214,11 @@ def session_scope(
             engine.connect() as connection,
             Session(bind=connection.execution_options(isolation_level="AUTOCOMMIT")) as session,
         ):
+            session.info[TOGETHER] = together
             yield session
         return
     session = _FACTORIES[normalize_url(url)]()
+    session.info[TOGETHER] = together
     try:
         if lock_timeout is not None and engine.dialect.name == "postgresql":
             session.execute(text(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'"))

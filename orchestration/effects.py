@@ -10,22 +10,22 @@ leaves the run ``waiting``: under ``ORCH_EFFECT_POLICY=fail`` the run fails
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 import httpx
-from sqlalchemy import Table, bindparam, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Insert, Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, providers, turns
-from orchestration.db import on_postgresql
+from orchestration import bounds, pieces, providers, turns
+from orchestration.db import insert_spelled
 from orchestration.egress import entry_for, host_port
 from orchestration.errors import ProviderError
 from orchestration.followups import Done, Transact
 from orchestration.models import Checkpoint, Effect, Run, Step
+from orchestration.pieces import Piece
 from orchestration.providers.base import TurnRef
 from orchestration.providers.exchange import allow_list, exchange
 from orchestration.settings import Settings
@@ -40,25 +40,39 @@ _OUTBOX_COLUMNS = (
     "updated_at", "status", "last_error", "next_attempt_at",
 )  # fmt: skip
 #: Built once (a step that finishes pays for binding, not building): an inline checkpoint's
-#: outbox row, and its stored checkpoint, once per attempt, by dialect (is it PostgreSQL?).
-_EFFECT_ROW = insert(_EFFECTS).values(
-    {name: bindparam(f"e_{name}", type_=_EFFECTS.c[name].type) for name in _OUTBOX_COLUMNS}
+#: outbox row.
+_EFFECT_ROW = (
+    insert(_EFFECTS)
+    .values({name: bindparam(f"e_{name}", type_=_EFFECTS.c[name].type) for name in _OUTBOX_COLUMNS})
+    .returning(_EFFECTS.c.pk)
 )
-_CHECKPOINT_ONCE = {
-    postgres: dialect_insert(_CHECKPOINTS)
-    .values(
-        run_id=bindparam("run_id"),
-        step_index=bindparam("step_index"),
-        attempt=bindparam("attempt"),
-        state=bindparam("state", type_=_CHECKPOINTS.c.state.type),
-        captured_at=bindparam("at", type_=_CHECKPOINTS.c.captured_at.type),
+
+
+@functools.lru_cache(maxsize=2)
+def _checkpoint_once(dialect: str) -> Insert:
+    """The checkpoint of a step attempt, stored once (built once per database spelling)."""
+    statement: Insert = (
+        insert_spelled(dialect, _CHECKPOINTS)
+        .values(
+            run_id=bindparam("run_id"),
+            step_index=bindparam("step_index"),
+            attempt=bindparam("attempt"),
+            state=bindparam("state", type_=_CHECKPOINTS.c.state.type),
+            captured_at=bindparam("at", type_=_CHECKPOINTS.c.captured_at.type),
+        )
+        .on_conflict_do_nothing()
+        .returning(_CHECKPOINTS.c.pk)
     )
-    .on_conflict_do_nothing()
-    for postgres, dialect_insert in ((True, postgresql_insert), (False, sqlite_insert))
-}
-#: PostgreSQL: a captured checkpoint's outbox row and the checkpoint in one statement (the
-#: outbox row as a data-modifying CTE).
-_CAPTURED = _CHECKPOINT_ONCE[True].add_cte(_EFFECT_ROW.cte("outbox_row"))
+    return statement
+
+
+@functools.lru_cache(maxsize=2)
+def _captured(dialect: str) -> tuple[Piece, Piece]:
+    """A captured checkpoint: its outbox row and the checkpoint (:mod:`orchestration.pieces`:
+    on PostgreSQL, one statement)."""
+    return Piece("outbox", _EFFECT_ROW), Piece("checkpoint", _checkpoint_once(dialect))
+
+
 WEBHOOK = "webhook"
 
 
@@ -189,14 +203,15 @@ def record_capture(
         **values,
     }
     row = {f"e_{name}": value for name, value in outbox.items()}
-    if error is None and on_postgresql(session):
+    if error is None:
         checkpoint = {"run_id": step.run_id, "step_index": step.index, "attempt": step.attempt}
-        session.execute(_CAPTURED, {**row, **checkpoint, "state": state, "at": now})
+        pieces.send(
+            session,
+            _captured(session.get_bind().dialect.name),
+            {**row, **checkpoint, "state": state, "at": now},
+        )
         return Progress(settled=True, exhausted=[], next_due=None)
     session.execute(_EFFECT_ROW, row)
-    if error is None:
-        _store_checkpoint(session, step.run_id, step.index, step.attempt, state, now)
-        return Progress(settled=True, exhausted=[], next_due=None)
     if values["status"] == EffectStatus.EXHAUSTED.value:
         return Progress(
             settled=True, exhausted=[f"{CHECKPOINT} effect failed 1 times: {error}"], next_due=None
@@ -297,7 +312,7 @@ def _store_checkpoint(
     """Store the checkpoint once per step attempt: a second capture of the same attempt (a
     retried effect whose first success was not recorded) is a no-op."""
     session.execute(
-        _CHECKPOINT_ONCE[on_postgresql(session)],
+        _checkpoint_once(session.get_bind().dialect.name),
         {"run_id": run_id, "step_index": index, "attempt": attempt, "state": state, "at": now},
     )
 

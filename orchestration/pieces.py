@@ -23,13 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import CTE, Executable, Select, exists, literal, select
+from sqlalchemy import CTE, Executable, Select, exists, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import UpdateBase
 
-#: ``session.info`` key: whether this session may send pieces together (set by
-#: ``db.session_scope`` from ``ORCH_SINGLE_STATEMENT``; PostgreSQL only).
-TOGETHER = "orch_together"
+from orchestration.db import TOGETHER, postgresql_url
+from orchestration.settings import Settings
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,17 +46,28 @@ Returned = dict[str, Any]
 
 
 def together(session: Session) -> bool:
-    """Whether :func:`send` sends this session's pieces as one statement."""
-    return bool(session.info.get(TOGETHER, session.get_bind().dialect.name == "postgresql"))
+    """Whether :func:`send` sends this session's pieces as one statement: on PostgreSQL,
+    unless the session was opened with ``ORCH_SINGLE_STATEMENT`` off."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    return postgres and bool(session.info.get(TOGETHER, True))
 
 
 def send(
-    session: Session, pieces: Sequence[Piece], params: Mapping[str, Any]
+    session: Session,
+    pieces: Sequence[Piece],
+    params: Mapping[str, Any],
+    *,
+    durable: bool = True,
 ) -> dict[str, Returned | None]:
-    """Run ``pieces`` with ``params`` (shared by all of them); each piece's row."""
+    """Run ``pieces`` with ``params`` (shared by all of them); each piece's row.
+
+    Not ``durable``: sent together in autocommit, the statement commits without waiting for
+    its WAL to reach the disk (``synchronous_commit`` off for its own implicit transaction):
+    a server crash can lose it, never a later durable commit. Only for writes whose loss the
+    engine recovers by design (a poll's fence and stamp); a sequence is always durable."""
     if len(pieces) > 1 and together(session):
-        row = session.execute(_composed(tuple(pieces)), dict(params)).one()
-        return _split(tuple(pieces), row._mapping)
+        row = session.execute(_composed(tuple(pieces), durable), dict(params)).one()
+        return _split(tuple(pieces), dict(row._mapping))
     rows: dict[str, Returned | None] = {}
     for piece in pieces:
         if piece.after is not None and rows[piece.after] is None:
@@ -68,14 +78,14 @@ def send(
     return rows
 
 
-def can_autocommit(session_together: bool, pieces: Sequence[Piece]) -> bool:
-    """Whether ``pieces`` may be sent with no transaction around them: only as one
-    statement (a single piece is one statement in either form)."""
-    return session_together or len(pieces) == 1
+def one_statement(settings: Settings) -> bool:
+    """Whether sessions of ``settings``' database send pieces together, as one statement
+    that may go with no transaction around it (PostgreSQL, ``ORCH_SINGLE_STATEMENT``)."""
+    return settings.single_statement and postgresql_url(settings.database_url)
 
 
 @functools.lru_cache(maxsize=64)
-def _composed(pieces: tuple[Piece, ...]) -> Executable:
+def _composed(pieces: tuple[Piece, ...], durable: bool) -> Executable:
     """The pieces as one statement of CTEs; one row: each piece's columns (``NAME__COLUMN``)
     and whether it returned a row (``NAME__``). Built once per tuple of pieces."""
     ctes: dict[str, CTE] = {}
@@ -90,9 +100,9 @@ def _composed(pieces: tuple[Piece, ...]) -> Executable:
         columns.extend(
             select(column).scalar_subquery().label(f"{name}__{column.key}") for column in cte.c
         )
-    # PostgreSQL runs a data-modifying CTE to completion though nothing reads it; every
-    # CTE is read here anyway.
-    return select(*columns).add_cte(*ctes.values()) if columns else select(literal(1))
+    if not durable:
+        columns.append(func.set_config("synchronous_commit", "off", True).label("commit_mode"))
+    return select(*columns).add_cte(*ctes.values())
 
 
 def _split(pieces: tuple[Piece, ...], row: Mapping[str, Any]) -> dict[str, Returned | None]:

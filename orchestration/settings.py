@@ -121,6 +121,12 @@ class Settings(TenantLimits):
     #: Most branches of one step running at once (``max_concurrency``, and its default).
     max_branch_concurrency: int = Field(32, ge=1)
 
+    #: On PostgreSQL, send a decision's statements as one statement (data-modifying CTEs),
+    #: with no transaction around those that stand alone (a poll's entry, a new step's
+    #: claim, a launch); ``false`` sends the same statements one by one in a transaction, as
+    #: on SQLite (``orchestration.pieces``).
+    single_statement: bool = True
+
     #: Redis visibility timeout: above any countdown plus a step's runtime (seconds).
     visibility_timeout: float = Field(3600.0, gt=0)
     #: How ``cancel`` kills an executing step task (prefork): SIGKILL cannot be caught.

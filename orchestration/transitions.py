@@ -107,13 +107,13 @@ def _write(
         written = dict(values)
         if first:
             written[_FIRST_START] = func.coalesce(table.c.started_at, first_start)
-        statement = (
+        own = (
             update(table)
             .where(_key(table) == key, constant_in(table.c.status, sources))
             .values(written)
             .returning(_key(table))
         )
-        return session.execute(statement).first() is not None
+        return session.execute(own).first() is not None
     statement = guarded(table_name, sources, tuple(values), first)
     return (
         session.execute(statement, _params(key, values, first_start if first else None)).first()

@@ -1,56 +1,36 @@
-"""The start of every execution: fence, stamp and read, in the execution's first transaction.
+"""The start of every execution: the fence, the stamp and the phase (:mod:`.fence`'s pieces).
 
-The fence is ``UPDATE steps SET polls = tick + 1 WHERE polls = tick``, returning what the phase
-needs. The tick travels in the message, so of two deliveries of the same message (acks_late,
+The fence's tick travels in the message, so of two deliveries of the same message (acks_late,
 visibility-timeout redelivery, a re-arm racing a late original) exactly one proceeds and the
-other halts without writing. The stamp writes the heartbeat and the deadline with a
-compare-and-set on the run's status: for a running run (every poll) it is one statement (on
-PostgreSQL the fence and that stamp are one statement, see ``fence``); any other status is
-read first and stamped on the status it was read in.
+other halts without writing. A running run is stamped in the fence's pieces; any other
+status is read first and stamped on the status it was read in. A first delivery whose task
+renders without the run's data carries its start claim in the fence.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select, update
-from sqlalchemy.engine import Row
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import deadlines, specs
-from orchestration.db import on_postgresql
+from orchestration import deadlines, pieces, specs
 from orchestration.execution import fence
+from orchestration.execution.fence import Phase, Refusal
 from orchestration.execution.outcomes import Halt
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
-from orchestration.states import (
-    RUN_TERMINAL,
-    STEP_LIVE,
-    UNATTENDED_PARKS,
-    RunStatus,
-    StepStatus,
-)
+from orchestration.states import RUN_TERMINAL, STEP_LIVE, RunStatus, StepStatus
 from orchestration.step_specs import StepSpec
 
-_LIVE_STEPS = [status.value for status in STEP_LIVE]
-
-
-class Phase(StrEnum):
-    """What an execution does after its fence."""
-
-    START = "start"
-    POLL = "poll"
-    EFFECTS = "effects"
-    HUMAN = "human"
-    CANCEL = "cancel"
+__all__ = ["Entry", "Phase", "StepRow", "enter", "stamp"]
 
 
 @dataclass(frozen=True)
 class StepRow:
-    """The step's columns an execution reads, as the fence returned them."""
+    """The step's columns an execution reads, as the fence (or the claim) returned them."""
 
     pk: int
     run_id: str
@@ -67,17 +47,50 @@ class StepRow:
     retry_at: datetime | None = None
     turn_stop: Any = None
     index: int = 0
+    #: Why its start may not be claimed now (``None``: it may), as :func:`fence.refusal`
+    #: judged the row the statement wrote.
+    refused: Refusal | None = None
+    #: Whether this execution's statement claimed its start.
+    claimed: bool = False
+    #: Whether no human answer waits on it.
+    unanswered: bool = True
+
+    @classmethod
+    def of(cls, row: dict[str, Any], run_id: str, index: int) -> StepRow:
+        """The step as :data:`fence.RETURNED` gives it."""
+        refused = row["refused"]
+        return cls(
+            pk=row["pk"],
+            run_id=run_id,
+            step_id=row["step_id"],
+            provider=row["provider"],
+            status=StepStatus(row["status"]),
+            provider_run_id=row["provider_run_id"],
+            idempotency_key=str(row["idempotency_key"]),
+            attempt=row["attempt"],
+            started_at=row["started_at"],
+            last_provider_status=row["last_provider_status"],
+            start_claimed_at=row["start_claimed_at"],
+            retry_at=row["retry_at"],
+            turn_stop=row["turn_stop"],
+            index=index,
+            refused=None if refused is None else Refusal(refused),
+            claimed=bool(row["claimed"]),
+            unanswered=bool(row["unanswered"]),
+        )
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A fenced execution: its phase, its new tick, the step and the run's status."""
+    """A fenced execution: its phase, its new tick, the step and the run's status; ``stamped``
+    is whether the run's stamp was written with the fence (``False``: it still must be)."""
 
     phase: Phase
     tick: int
     step: StepRow
     spec: StepSpec
     run_status: RunStatus
+    stamped: bool = True
 
 
 def enter(
@@ -90,67 +103,36 @@ def enter(
     *,
     worker: str | None,
     pid: int | None,
+    rendered: Any = None,
+    durable: bool = True,
 ) -> Entry | Halt:
-    """Fence the step with ``tick`` and stamp the run; a :class:`Halt` when this delivery
-    must not proceed (a duplicate, a stale one, or the run or step has ended)."""
-    bound = fence.running_params(settings, run_id, index, tick, now, worker, pid)
-    if on_postgresql(session):
-        fenced = session.execute(fence.FENCE_AND_STAMP, bound).first()
-        stamped = fenced is not None and bool(fenced.stamped)
-    else:
-        fenced = session.execute(fence.FENCE, bound).first()
-        stamped = fenced is not None and (
-            session.execute(fence.STAMP_RUNNING, bound).first() is not None
-        )
-    if fenced is None:
-        return _why_not(session, run_id, index)
-    step = step_row(fenced, run_id, index)
-    spec = specs.of_run(session, run_id)[index]
-    if stamped:
-        return Entry(
-            _phase(step, RunStatus.RUNNING, None, None, index),
-            tick + 1,
-            step,
-            spec,
-            RunStatus.RUNNING,
-        )
-    return _stamp_other(session, settings, run_id, index, step, spec, tick, now)
-
-
-def step_row(fenced: Row[Any], run_id: str, index: int) -> StepRow:
-    """The step as the fence returned it (``fence.FENCE``'s ``RETURNING`` columns first)."""
-    (pk, step_id, provider, status, run_turn, key, attempt, started_at, last, claimed,
-     retry_at, turn_stop) = tuple(fenced)[:12]  # fmt: skip
-    return StepRow(
-        pk,
-        run_id,
-        step_id,
-        provider,
-        StepStatus(status),
-        run_turn,
-        str(key),
-        attempt,
-        started_at,
-        last,
-        claimed,
-        retry_at=retry_at,
-        turn_stop=turn_stop,
-        index=index,
+    """Fence the step with ``tick`` and stamp a running run (claiming the start with the task
+    ``rendered`` before the fence, when given); a :class:`Halt` when this delivery must not
+    proceed (a duplicate, a stale one, or the run or step has ended). An entry that is not
+    ``stamped`` must go on with :func:`stamp` in a transaction."""
+    bound = fence.params(settings, run_id, index, tick, now, worker, pid)
+    claiming = rendered is not None
+    sent = pieces.send(
+        session,
+        fence.ENTER_AND_CLAIM if claiming else fence.ENTER,
+        {**bound, "b_input": rendered} if claiming else bound,
+        durable=durable or claiming,
     )
+    fenced, stamped = sent["fenced"], sent["stamped"]
+    if fenced is None:
+        return why_not(session, run_id, index)
+    step = StepRow.of(fenced, run_id, index)
+    spec = specs.of_run(session, run_id)[index]
+    if stamped is None:
+        return Entry(Phase.START, tick + 1, step, spec, RunStatus.RUNNING, stamped=False)
+    return Entry(Phase(stamped["phase"]), tick + 1, step, spec, RunStatus.RUNNING)
 
 
-def _stamp_other(
-    session: Session,
-    settings: Settings,
-    run_id: str,
-    index: int,
-    step: StepRow,
-    spec: StepSpec,
-    tick: int,
-    now: datetime,
-) -> Entry:
-    """Stamp a run that is not plainly running (queued, parked, waiting, cancelling): read
-    its status, compute the deadline for it, compare-and-set on it."""
+def stamp(session: Session, settings: Settings, run_id: str, entry: Entry, now: datetime) -> Entry:
+    """Stamp the run of a fenced ``entry`` on the status it is read in (queued, parked,
+    waiting, running, cancelling) and take its phase; ``Phase.CANCEL`` when a cancel is
+    requested or the run has ended."""
+    bound = fence.params(settings, run_id, entry.step.index, entry.tick - 1, now, None, None)
     for _ in range(3):
         run = session.scalars(
             select(Run).where(Run.id == run_id).execution_options(populate_existing=True)
@@ -158,44 +140,18 @@ def _stamp_other(
         if run is None or run.status in RUN_TERMINAL or run.cancel_requested_at is not None:
             break
         status = RunStatus(run.status)
-        stamped = session.execute(
-            update(Run)
-            .where(
-                Run.id == run_id,
-                Run.status == status.value,
-                Run.cancel_requested_at.is_(None),
-            )
-            .values(
-                heartbeat_at=now,
-                current_step=index,
-                updated_at=now,
-                deadline_at=deadlines.for_run(settings, run, heartbeat_at=now),
-            )
-            .execution_options(synchronize_session=False)
-        )
-        if stamped.rowcount == 1:  # type: ignore[attr-defined]
-            phase = _phase(step, status, run.park_reason, run.current_step, index)
-            return Entry(phase, tick + 1, step, spec, status)
-    return Entry(Phase.CANCEL, tick + 1, step, spec, RunStatus.CANCELLING)
+        bound["b_deadline"] = deadlines.for_run(settings, run, heartbeat_at=now)
+        stamped = session.execute(fence.stamp((status,)), bound).first()
+        if stamped is not None:
+            return Entry(Phase(stamped.phase), entry.tick, entry.step, entry.spec, status)
+    return Entry(Phase.CANCEL, entry.tick, entry.step, entry.spec, RunStatus.CANCELLING)
 
 
-def _phase(
-    step: StepRow,
-    run_status: RunStatus,
-    park_reason: str | None,
-    current_step: int | None,
-    index: int,
-) -> Phase:
-    if run_status is RunStatus.WAITING and current_step == index:
-        return Phase.EFFECTS
-    if step.status is StepStatus.PARKED and park_reason in UNATTENDED_PARKS:
-        return Phase.HUMAN
-    if step.status is StepStatus.PENDING or step.provider_run_id is None:
-        return Phase.START
-    return Phase.POLL
+_LIVE_STEPS = [status.value for status in STEP_LIVE]
 
 
-def _why_not(session: Session, run_id: str, index: int) -> Halt:
+def why_not(session: Session, run_id: str, index: int) -> Halt:
+    """Why a delivery's fence did not take."""
     status = session.scalar(select(Run.status).where(Run.id == run_id))
     if status is None:
         return Halt("no such run")

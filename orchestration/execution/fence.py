@@ -1,131 +1,339 @@
-"""The statements every execution starts with, built once on the tables (no ORM bookkeeping):
-the fence on the step and the stamp on a running run; on PostgreSQL both in one statement.
+"""The decisions every execution starts with, each written once as a piece of SQL.
 
-The fence is ``UPDATE steps SET polls = tick + 1 WHERE polls = tick``, returning what the
-phase needs; the stamp writes the heartbeat and the deadline with a compare-and-set on
-``running`` and no cancel requested. PostgreSQL runs both as data-modifying CTEs of one
-statement, the stamp conditional on the fence (``EXISTS (SELECT 1 FROM fenced)``), so a
-duplicate delivery still writes nothing: one round trip instead of two. Every parameter is
+* **The fence**: ``UPDATE steps SET polls = tick + 1 WHERE polls = tick``: of two deliveries
+  of one message exactly one proceeds.
+* **The start claim**: whether a step's provider start may be claimed now
+  (:func:`refusal`, ``NULL`` when it may) and what claiming writes (the step to ``running``,
+  its rendered input, ``start_claimed_at``). The fence can carry the claim (a task rendered
+  before the fence), or the claim follows it (:data:`CLAIM`, a task rendered from the run's
+  data); both apply the same expressions.
+* **The stamp**: the heartbeat and the deadline of a running run with no cancel requested,
+  written only when the fence took; it returns the execution's phase (:func:`phase`).
+
+:mod:`orchestration.pieces` sends them, as one statement or in sequence. Every parameter is
 named ``b_…``: a parameter named after a column of an updated table would be taken as a
 value to set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime
+import functools
+from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
-    CTE,
-    Insert,
+    ColumnElement,
     Integer,
-    Select,
     Table,
     Update,
+    and_,
     bindparam,
+    case,
+    cast,
     exists,
     func,
+    literal_column,
+    null,
+    or_,
     select,
     update,
 )
+from sqlalchemy import String as SqlString
 
-from orchestration import deadlines
+from orchestration import deadlines, turns
 from orchestration.db import constant_in
 from orchestration.models import Run, Step
+from orchestration.pieces import Piece
 from orchestration.settings import Settings
-from orchestration.states import STEP_LIVE, RunStatus, StepStatus
+from orchestration.states import (
+    STEP_LIVE,
+    UNATTENDED_PARKS,
+    RunStatus,
+    StepStatus,
+    TurnStopStatus,
+)
 
 STEPS: Table = Step.__table__  # type: ignore[assignment]
 RUNS: Table = Run.__table__  # type: ignore[assignment]
 
-FENCE = (
-    update(STEPS)
-    .where(
-        STEPS.c.run_id == bindparam("b_run"),
-        STEPS.c.index == bindparam("b_index"),
-        STEPS.c.polls == bindparam("b_tick"),
-        constant_in(STEPS.c.status, STEP_LIVE),
-    )
-    .values(
-        polls=bindparam("b_tick", type_=Integer) + 1,
-        worker=bindparam("b_worker"),
-        worker_pid=bindparam("b_pid"),
-        updated_at=bindparam("b_now"),
-    )
-    .returning(
-        STEPS.c.pk,
-        STEPS.c.step_id,
-        STEPS.c.provider,
-        STEPS.c.status,
-        STEPS.c.provider_run_id,
-        STEPS.c.idempotency_key,
-        STEPS.c.attempt,
-        STEPS.c.started_at,
-        STEPS.c.last_provider_status,
-        STEPS.c.start_claimed_at,
-        STEPS.c.retry_at,
-        STEPS.c.turn_stop,
-    )
-)
-STAMP_RUNNING = (
-    update(RUNS)
-    .where(
-        RUNS.c.id == bindparam("b_run"),
-        RUNS.c.status == RunStatus.RUNNING.value,
+#: The run statuses in which a step's turn may start.
+STARTABLE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PARKED)
+#: The step statuses that a claim moves to ``running``; a running or parked step that has
+#: no turn (its start failed to reach the provider) is claimed where it is.
+_STARTS_ATTEMPT = (StepStatus.PENDING, StepStatus.RETRYING)
+
+
+class Phase(StrEnum):
+    """What an execution does after its fence."""
+
+    START = "start"
+    POLL = "poll"
+    EFFECTS = "effects"
+    HUMAN = "human"
+    CANCEL = "cancel"
+
+
+class Refusal(StrEnum):
+    """Why a step's start may not be claimed now."""
+
+    #: Its turn started: the execution polls it.
+    HAS_TURN = "has_turn"
+    #: Another execution's claim is younger than the claim window: its start is in flight.
+    IN_FLIGHT = "in_flight"
+    #: A retrying step's backoff runs until ``retry_at``.
+    BACKOFF = "backoff"
+    #: The previous attempt's turn is still being stopped.
+    STOPPING = "stopping"
+    #: The previous attempt's turn could not be stopped: a second must not run beside it.
+    UNSTOPPABLE = "unstoppable"
+    #: The run is not in a status a turn may start in, or a cancel is requested.
+    RUN = "run"
+
+
+def _constant(text: str) -> ColumnElement[str]:
+    """A constant written into the statement, not bound: the statement is the same for every
+    execution, and a bound value inside ``RETURNING`` is not one SQLite orders reliably."""
+    if "'" in text:
+        raise ValueError(f"not a constant: {text!r}")
+    return literal_column(f"'{text}'", SqlString)
+
+
+def _startable_run(run_id: ColumnElement[Any]) -> ColumnElement[bool]:
+    return exists().where(
+        RUNS.c.id == run_id,
+        constant_in(RUNS.c.status, STARTABLE),
         RUNS.c.cancel_requested_at.is_(None),
     )
-    .values(
-        heartbeat_at=bindparam("b_now"),
-        current_step=bindparam("b_index"),
-        updated_at=bindparam("b_now"),
-        deadline_at=bindparam("b_deadline"),
+
+
+def refusal(steps: Any = STEPS) -> ColumnElement[str | None]:
+    """Why the step may not be claimed at ``b_now`` (``NULL``: it may), over its row in
+    ``steps`` (the table, or an alias of it)."""
+    c = steps.c
+    retrying = c.status == StepStatus.RETRYING.value
+
+    def previous_stop(field: str) -> ColumnElement[Any]:
+        value: ColumnElement[Any] = c.turn_stop[field].as_string()
+        return value
+
+    # A retrying step's stop names the previous attempt's turn; one naming this attempt's
+    # key, or none, holds nothing back.
+    previous = and_(
+        retrying,
+        c.turn_stop.is_not(None),
+        func.coalesce(previous_stop("key"), c.idempotency_key) != c.idempotency_key,
     )
-    .returning(RUNS.c.id)
+    why: ColumnElement[str | None] = case(
+        (c.provider_run_id.is_not(None), _constant(Refusal.HAS_TURN.value)),
+        (c.start_claimed_at > bindparam("b_claim_floor"), _constant(Refusal.IN_FLIGHT.value)),
+        (and_(retrying, c.retry_at > bindparam("b_now")), _constant(Refusal.BACKOFF.value)),
+        (
+            and_(previous, previous_stop("status") == TurnStopStatus.PENDING.value),
+            _constant(Refusal.STOPPING.value),
+        ),
+        (
+            and_(
+                previous,
+                previous_stop("status") == TurnStopStatus.FAILED.value,
+                previous_stop("provider_run_id").is_not(None),
+            ),
+            _constant(Refusal.UNSTOPPABLE.value),
+        ),
+        (~_startable_run(c.run_id), _constant(Refusal.RUN.value)),
+        else_=null(),
+    )
+    return why
+
+
+def _claimed(value: ColumnElement[Any], otherwise: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``value`` where the claim takes, the column as it is elsewhere."""
+    return case((refusal().is_(None), value), else_=otherwise)
+
+
+def _attempt_starts(value: Any, otherwise: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``value`` where the claim moves a pending or retrying step to running."""
+    moves = and_(refusal().is_(None), constant_in(STEPS.c.status, _STARTS_ATTEMPT))
+    return case((moves, value), else_=otherwise)
+
+
+def _cause() -> ColumnElement[Any]:
+    attempt = cast(STEPS.c.attempt, SqlString)
+    return case(
+        (STEPS.c.attempt == 1, _constant("turn starting")),
+        else_=_constant("attempt ") + attempt + _constant(" starting"),
+    )
+
+
+def claim_values() -> dict[str, ColumnElement[Any]]:
+    """What a claim writes, each column written only where :func:`refusal` is ``NULL``."""
+    now = bindparam("b_now", type_=STEPS.c.start_claimed_at.type)
+    return {
+        "status": _attempt_starts(_constant(StepStatus.RUNNING.value), STEPS.c.status),
+        "cause": _attempt_starts(_cause(), STEPS.c.cause),
+        "input": _attempt_starts(bindparam("b_input", type_=STEPS.c.input.type), STEPS.c.input),
+        "started_at": _attempt_starts(func.coalesce(STEPS.c.started_at, now), STEPS.c.started_at),
+        "retry_at": _attempt_starts(null(), STEPS.c.retry_at),
+        "start_claimed_at": _claimed(now, STEPS.c.start_claimed_at),
+    }
+
+
+#: The step row again, for what is judged of it in ``RETURNING``: SQLite (3.40) evaluates an
+#: ``IS NULL`` of the updated row's own columns there wrongly, a subquery's rightly. On
+#: PostgreSQL the subquery reads the row as the statement found it, on SQLite as written: the
+#: same for every column judged but those a claim writes, and a claim is ``claimed``.
+_JUDGED = STEPS.alias("judged")
+
+
+#: The updated row's key, qualified: ``RETURNING`` writes its columns bare, and a bare ``pk``
+#: inside the subquery would be the alias's own.
+_UPDATED_PK = literal_column("steps.pk", Integer)
+
+
+def _judged(expression: ColumnElement[Any]) -> ColumnElement[Any]:
+    return select(expression).where(_JUDGED.c.pk == _UPDATED_PK).scalar_subquery()
+
+
+#: What the fence and the claim return: the step as the execution reads it, why it may not be
+#: claimed (``refused``), and whether this execution claimed it.
+RETURNED = (
+    STEPS.c.pk,
+    STEPS.c.step_id,
+    STEPS.c.provider,
+    STEPS.c.status,
+    STEPS.c.provider_run_id,
+    STEPS.c.idempotency_key,
+    STEPS.c.attempt,
+    STEPS.c.started_at,
+    STEPS.c.last_provider_status,
+    STEPS.c.start_claimed_at,
+    STEPS.c.retry_at,
+    STEPS.c.turn_stop,
+    _judged(_JUDGED.c.answer.is_(None)).label("unanswered"),
+    _judged(refusal(_JUDGED)).label("refused"),
+    (STEPS.c.start_claimed_at == bindparam("b_now")).label("claimed"),
+)
+
+_FENCE = update(STEPS).where(
+    STEPS.c.run_id == bindparam("b_run"),
+    STEPS.c.index == bindparam("b_index"),
+    STEPS.c.polls == bindparam("b_tick"),
+    constant_in(STEPS.c.status, STEP_LIVE),
+)
+_FENCED = {
+    "polls": bindparam("b_tick", type_=Integer) + 1,
+    "worker": bindparam("b_worker"),
+    "worker_pid": bindparam("b_pid"),
+    "updated_at": bindparam("b_now"),
+}
+#: The fence alone.
+FENCE: Update = _FENCE.values(_FENCED).returning(*RETURNED)
+#: The fence carrying the claim of a task rendered before it (``b_input``).
+FENCE_AND_CLAIM: Update = _FENCE.values({**_FENCED, **claim_values()}).returning(*RETURNED)
+#: The claim after the fence, on the step this execution fenced (``b_pk`` at ``b_tick + 1``).
+CLAIM: Update = (
+    update(STEPS)
+    .where(STEPS.c.pk == bindparam("b_pk"), STEPS.c.polls == bindparam("b_tick", type_=Integer) + 1)
+    .values({**claim_values(), "updated_at": bindparam("b_now")})
+    .returning(*RETURNED)
 )
 
 
-def fence_and_stamp(
-    fence: Update, *, durable: bool = True, journal: Callable[[CTE], Insert] | None = None
-) -> Select[Any]:
-    """``fence`` and the running stamp as one statement: the fenced row, with ``stamped``
-    saying whether the stamp took (no row: the fence did not).
-
-    Not ``durable``: the statement, sent in autocommit, commits without waiting for its WAL
-    to reach the disk (``synchronous_commit`` off for its own implicit transaction only).
-    Only a poll's fence is sent so: a server crash can lose it, but never a later durable
-    commit (WAL is flushed in order), and what it loses (a tick, a heartbeat) the engine
-    recovers by design: the next message's tick no longer fences, and the sweeper re-arms
-    the run once the heartbeat it kept is dead.
-
-    ``journal``: given the fence's CTE, the journal row of the status the fence sets, as an
-    ``INSERT … SELECT … FROM`` it, so that the row is written exactly when the fence took."""
-    fenced = fence.cte("fenced")
-    stamped = STAMP_RUNNING.where(exists(select(1).select_from(fenced))).cte("stamped")
-    statement = select(fenced, exists(select(1).select_from(stamped)).label("stamped"))
-    if journal is not None:
-        # PostgreSQL runs a data-modifying CTE to completion though nothing reads it.
-        statement = statement.add_cte(journal(fenced).cte("journal"))
-    if durable:
-        return statement
-    return statement.add_columns(
-        func.set_config("synchronous_commit", "off", True).label("commit_mode")
+def phase(
+    step_status: ColumnElement[Any],
+    provider_run_id: ColumnElement[Any],
+    run_status: ColumnElement[Any],
+    park_reason: ColumnElement[Any],
+    current_step: ColumnElement[Any],
+) -> ColumnElement[Any]:
+    """What the execution of step ``b_index`` does, over its step's and its run's columns."""
+    return case(
+        (
+            and_(run_status == RunStatus.WAITING.value, current_step == bindparam("b_index")),
+            _constant(Phase.EFFECTS.value),
+        ),
+        (
+            and_(
+                step_status == StepStatus.PARKED.value,
+                constant_in(func.coalesce(park_reason, ""), UNATTENDED_PARKS),
+            ),
+            _constant(Phase.HUMAN.value),
+        ),
+        (
+            or_(step_status == StepStatus.PENDING.value, provider_run_id.is_(None)),
+            _constant(Phase.START.value),
+        ),
+        else_=_constant(Phase.POLL.value),
     )
 
 
-#: Any live step, as the full entry fences it.
-FENCE_AND_STAMP = fence_and_stamp(FENCE)
-#: Only a step that is running with a provider turn: a plain poll (``poll_fence``).
-FENCE_AND_STAMP_POLL = fence_and_stamp(
-    FENCE.where(STEPS.c.status == StepStatus.RUNNING.value, STEPS.c.provider_run_id.is_not(None)),
-    durable=False,
+def _step_column(name: str) -> Any:
+    return (
+        select(STEPS.c[name])
+        .where(STEPS.c.run_id == RUNS.c.id, STEPS.c.index == bindparam("b_index"))
+        .scalar_subquery()
+    )
+
+
+#: The phase over a run row being written and its step's row (read by a subquery).
+RUN_PHASE = phase(
+    _step_column("status"),
+    _step_column("provider_run_id"),
+    RUNS.c.status,
+    RUNS.c.park_reason,
+    RUNS.c.current_step,
+)
+
+
+@functools.lru_cache(maxsize=16)
+def stamp(statuses: tuple[RunStatus, ...]) -> Update:
+    """The stamp of a run in one of ``statuses`` with no cancel requested: its heartbeat,
+    the step it is on and its deadline (``b_deadline``); it returns the phase."""
+    return (
+        update(RUNS)
+        .where(
+            RUNS.c.id == bindparam("b_run"),
+            constant_in(RUNS.c.status, statuses),
+            RUNS.c.cancel_requested_at.is_(None),
+        )
+        .values(
+            heartbeat_at=bindparam("b_now"),
+            current_step=bindparam("b_index"),
+            updated_at=bindparam("b_now"),
+            deadline_at=bindparam("b_deadline"),
+        )
+        .returning(RUNS.c.status, RUN_PHASE.label("phase"))
+    )
+
+
+#: The stamp of a running run: after the fence, only when it took.
+STAMP_RUNNING = stamp((RunStatus.RUNNING,))
+
+#: The entry's pieces: the fence, then the stamp of a running run.
+ENTER = (Piece("fenced", FENCE), Piece("stamped", STAMP_RUNNING, after="fenced"))
+#: The same, the fence carrying the claim.
+ENTER_AND_CLAIM = (
+    Piece("fenced", FENCE_AND_CLAIM),
+    Piece("stamped", STAMP_RUNNING, after="fenced"),
 )
 
 
 def params(
-    run_id: str, index: int, tick: int, now: Any, deadline: Any, worker: str | None, pid: int | None
+    settings: Settings,
+    run_id: str,
+    index: int,
+    tick: int,
+    now: datetime,
+    worker: str | None,
+    pid: int | None,
+    *,
+    deadline: datetime | None = None,
 ) -> dict[str, Any]:
-    """The bound values of the fence and the stamp."""
+    """The bound values of the entry's pieces; the deadline is the one a heartbeat at
+    ``now`` gives a running run unless given."""
+    if deadline is None:
+        deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
+    window: timedelta = turns.claim_window(settings)
     return {
         "b_run": run_id,
         "b_index": index,
@@ -134,19 +342,5 @@ def params(
         "b_pid": pid,
         "b_now": now,
         "b_deadline": deadline,
+        "b_claim_floor": now - window,
     }
-
-
-def running_params(
-    settings: Settings,
-    run_id: str,
-    index: int,
-    tick: int,
-    now: datetime,
-    worker: str | None,
-    pid: int | None,
-) -> dict[str, Any]:
-    """The bound values of the fence and of the stamp of a running run, whose deadline is the
-    one a heartbeat at ``now`` gives it."""
-    deadline = deadlines.compute(settings, RunStatus.RUNNING, heartbeat_at=now)
-    return params(run_id, index, tick, now, deadline, worker, pid)

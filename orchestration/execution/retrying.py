@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from orchestration import bounds, new_runs, turns
 from orchestration.execution.entry import Entry
+from orchestration.execution.fence import Refusal
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.parking import leave_park
 from orchestration.execution.rows import fail
@@ -117,39 +118,39 @@ def _stop_silence(settings: Settings) -> timedelta:
 
 
 def held(
-    session: Session, settings: Settings, run_id: str, entry: Entry, now: datetime
-) -> Done[Outcome] | None:
-    """Why a ``retrying`` step's next attempt may not start yet: its backoff runs, or the
-    previous attempt's turn is still being stopped; ``None`` when it may start. A previous
-    turn the provider refused to stop fails the run: a second turn must not run beside it."""
+    session: Session,
+    settings: Settings,
+    run_id: str,
+    entry: Entry,
+    refusal: Refusal,
+    now: datetime,
+) -> Done[Outcome]:
+    """What a ``retrying`` step does while its next attempt may not start
+    (:func:`fence.refusal`): wait out its backoff, or the stop of the previous attempt's turn
+    (handed to the stop task again when it went silent for longer than one attempt takes: its
+    message was lost). A previous turn the provider refused to stop fails the run: a second
+    turn must not run beside it."""
     step = entry.step
-    if step.retry_at is not None and now < step.retry_at:
-        return Done(Poll(wait(settings, step.retry_at, now), entry.tick))
     stop = step.turn_stop or {}
-    if stop.get("key") in (None, step.idempotency_key):
-        return None
-    if stop.get("status") == TurnStopStatus.PENDING.value:
-        last = datetime.fromisoformat(stop["at"])
-        if now - last <= _stop_silence(settings):
+    if refusal is Refusal.BACKOFF:
+        assert step.retry_at is not None
+        return Done(Poll(wait(settings, step.retry_at, now), entry.tick))
+    if refusal is Refusal.STOPPING:
+        if now - datetime.fromisoformat(stop["at"]) <= _stop_silence(settings):
             return Done(Poll(entry.spec.poll_interval, entry.tick))
-        # No attempt of that stop for longer than one takes: its message was lost (the
-        # process that ended the attempt died before sending it, or the broker dropped it).
-        # Hand it to the stop task again, so the wait stays bounded.
         ref = TurnRef(stop["key"], stop.get("provider_run_id"), entry.spec.options)
         turn = turns.LiveTurn(run_id, step.index, step.pk, step.provider, ref)
         again = turns.Stopped(turn, TurnStopStatus.PENDING, stop.get("error"))
         then = turns.hand_off(session, [again], now, attempts=int(stop.get("attempts", 0)))
         return Done(Poll(entry.spec.poll_interval, entry.tick), then)
-    if stop.get("status") == TurnStopStatus.FAILED.value and stop.get("provider_run_id"):
-        return Done(
-            Halt("the previous attempt's turn could not be stopped"),
-            fail(
-                session,
-                settings,
-                run_id,
-                f"step {step.step_id}: attempt {step.attempt - 1}'s turn could not be stopped "
-                f"before attempt {step.attempt}: {stop.get('error')}",
-                now,
-            ),
-        )
-    return None
+    return Done(
+        Halt("the previous attempt's turn could not be stopped"),
+        fail(
+            session,
+            settings,
+            run_id,
+            f"step {step.step_id}: attempt {step.attempt - 1}'s turn could not be stopped "
+            f"before attempt {step.attempt}: {stop.get('error')}",
+            now,
+        ),
+    )

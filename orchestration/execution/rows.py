@@ -5,78 +5,52 @@ from __future__ import annotations
 import functools
 from collections.abc import Collection
 from datetime import datetime
+from typing import TypeVar
 
-from sqlalchemy import ColumnElement, Select, Table, Update, and_, bindparam, select, update
-from sqlalchemy.orm import Session, aliased, defer
+from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy.orm import Session, make_transient_to_detached
 
-from orchestration import bounds, closing
-from orchestration.db import constant_in, on_postgresql
+from orchestration import bounds, closing, pieces
+from orchestration.db import constant_in
+from orchestration.execution.fence import STARTABLE as STARTABLE
 from orchestration.followups import Followups
 from orchestration.models import Run, Step
+from orchestration.pieces import Piece
 from orchestration.settings import Settings
 from orchestration.states import STEP_TERMINAL, RunStatus, StopReason
 
-STARTABLE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PARKED)
 MOVABLE = (*STARTABLE, RunStatus.WAITING)
+R = TypeVar("R", Run, Step)
 
 
 _RUNS: Table = Run.__table__  # type: ignore[assignment]
-
-
-def _writable(statuses: tuple[str, ...]) -> tuple[ColumnElement[bool], ...]:
-    """The run an execution may write: ``run``, in one of ``statuses``, no cancel requested
-    (the guard of both forms of the lock)."""
-    return (
-        Run.id == bindparam("run"),
-        constant_in(Run.status, statuses),
-        Run.cancel_requested_at.is_(None),
-    )
+_STEPS: Table = Step.__table__  # type: ignore[assignment]
+#: Every run column but the workflow (specs are cached by run), as the lock returns them.
+_RUN_COLUMNS = tuple(column for column in _RUNS.c if column.key != "workflow")
 
 
 @functools.lru_cache(maxsize=8)
-def _lock(statuses: tuple[str, ...]) -> Update:
-    """Lock and read the run in one statement (the workflow column stays behind: specs are
-    cached by run), built once per set of statuses."""
-    return (
-        update(Run)
-        .where(*_writable(statuses))
-        .values(heartbeat_at=bindparam("now"))
-        .returning(Run)
-        .options(defer(Run.workflow))
-        .execution_options(populate_existing=True, synchronize_session=False)
-    )
-
-
-@functools.lru_cache(maxsize=8)
-def _lock_with_step(statuses: tuple[str, ...]) -> Select[Run, Step]:
-    """:func:`_lock` and the step's read in one statement (PostgreSQL: a data-modifying CTE).
-
-    The step is read ``FOR NO KEY UPDATE`` (the lock its update takes anyway), after the
-    run's lock: the statement's snapshot was taken before any wait for the run row, and a
-    locking read returns the step's latest committed version, not the snapshot's, so a write
-    committed under the run lock meanwhile (a newer fence's) is seen, as the separate read
-    after the lock saw it."""
+def _lock(statuses: tuple[str, ...]) -> tuple[Piece, Piece]:
+    """Lock and read the run, then read its step ``b_index`` with the lock its update takes
+    anyway (``FOR NO KEY UPDATE``, after the run's): as one statement, a locking read returns
+    the step's latest committed version, not the statement's snapshot, so a write committed
+    under the run lock while this one waited (a newer fence's) is seen."""
     locked = (
         update(_RUNS)
-        .where(*_writable(statuses))
-        .values(heartbeat_at=bindparam("now"))
-        .returning(*(column for column in _RUNS.c if column.key != "workflow"))
-        .cte("locked")
+        .where(
+            _RUNS.c.id == bindparam("b_run"),
+            constant_in(_RUNS.c.status, statuses),
+            _RUNS.c.cancel_requested_at.is_(None),
+        )
+        .values(heartbeat_at=bindparam("b_now"))
+        .returning(*_RUN_COLUMNS)
     )
-    run = aliased(Run, locked)
-    return (
-        select(run, Step)
-        .join(Step, and_(Step.run_id == run.id, Step.index == bindparam("index")))
-        .with_for_update(of=Step, key_share=True)
-        .execution_options(populate_existing=True)
+    step = (
+        select(_STEPS)
+        .where(_STEPS.c.run_id == bindparam("b_run"), _STEPS.c.index == bindparam("b_index"))
+        .with_for_update(key_share=True)
     )
-
-
-_STEP = (
-    select(Step)
-    .where(Step.run_id == bindparam("run"), Step.index == bindparam("index"))
-    .execution_options(populate_existing=True)
-)
+    return Piece("run", locked), Piece("step", step, after="run")
 
 
 class Moved(Exception):
@@ -95,24 +69,31 @@ def lock(
     """Lock the run row for this execution's write, only while the run is in ``statuses``
     with no cancel requested, the step is live, and no newer execution has fenced the step
     since (a worker woken from SIGSTOP must not write over its successor); raise
-    :class:`Moved` otherwise."""
-    names = tuple(status.value for status in statuses)
-    bound = {"run": run_id, "now": now, "index": index}
-    if on_postgresql(session):
-        found = session.execute(_lock_with_step(names), bound).first()
-        if found is None:
-            raise Moved
-        run, step = found
-    else:
-        locked = session.scalars(_lock(names), bound).first()
-        if locked is None:
-            raise Moved
-        read = step_of(session, run_id, index)
-        assert read is not None
-        run, step = locked, read
+    :class:`Moved` otherwise. The rows come back as the session's objects."""
+    names = tuple(sorted(status.value for status in statuses))
+    sent = pieces.send(session, _lock(names), {"b_run": run_id, "b_now": now, "b_index": index})
+    run_row, step_row = sent["run"], sent["step"]
+    if run_row is None or step_row is None:
+        raise Moved
+    run = _loaded(session, Run(**run_row))
+    step = _loaded(session, Step(**step_row))
     if step.status in STEP_TERMINAL or step.polls != tick:
         raise Moved
     return run, step
+
+
+def _loaded(session: Session, row: R) -> R:
+    """``row``, built from the columns a statement returned, as the session's own object
+    (as a query would have loaded it: a column it was not given is read when used)."""
+    make_transient_to_detached(row)
+    return session.merge(row, load=False)
+
+
+_STEP = (
+    select(Step)
+    .where(Step.run_id == bindparam("run"), Step.index == bindparam("index"))
+    .execution_options(populate_existing=True)
+)
 
 
 def step_of(session: Session, run_id: str, index: int) -> Step | None:

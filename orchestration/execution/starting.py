@@ -1,10 +1,11 @@
-"""Starting a provider turn: claimed in the entry's transaction, called with no lock held.
+"""Starting a provider turn: claimed with the stamp that holds the run, called with no lock.
 
-Invariant 2 rests on the claim: it is written (``steps.start_claimed_at``, in the transaction
-whose stamp compared-and-set the run on "no cancel requested") before the call, and ``cancel``
-waits for a live claim to clear before it reads the turns to stop. The call itself ends within
-``ORCH_PROVIDER_TIMEOUT`` (the transport's hard deadline), so that wait is bounded, and no
-lock, not even SQLite's database-wide one, is held across network I/O.
+Invariant 2 rests on the claim: it is written (``steps.start_claimed_at``) in the statement or
+the transaction whose stamp compared-and-set the run on "no cancel requested", before the
+call, and ``cancel`` waits for a live claim to clear before it reads the turns to stop. The
+call itself ends within ``ORCH_PROVIDER_TIMEOUT`` (the transport's hard deadline), so that
+wait is bounded, and no lock, not even SQLite's database-wide one, is held across network
+I/O. Whether a start may be claimed is :func:`fence.refusal`, applied by the statement.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from sqlalchemy.orm import Session
 
 from orchestration import artifacts, templating, turns
 from orchestration.errors import ArtifactCorrupt, ArtifactNotFound, LimitExceeded, ValidationError
-from orchestration.execution import approving, branching, retrying
-from orchestration.execution.entry import Entry
+from orchestration.execution import approving, branching, fence, retrying
+from orchestration.execution.entry import Entry, StepRow
+from orchestration.execution.fence import Refusal
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.rows import fail
 from orchestration.followups import Done
@@ -28,7 +30,7 @@ from orchestration.providers.base import TurnRequest
 from orchestration.settings import Settings
 from orchestration.states import RunStatus, StepStatus
 from orchestration.step_specs import StepSpec
-from orchestration.transitions import touch_step, transition_run, transition_step
+from orchestration.transitions import transition_run
 
 
 @dataclass(frozen=True)
@@ -48,25 +50,65 @@ def claim(
     run_id: str,
     entry: Entry,
     now: datetime,
+    *,
+    rendered: Any = None,
 ) -> Done[StartCall | Outcome]:
-    """Render the task, move the step (and a queued run) to running and claim the start, in
-    the entry's transaction (its stamp holds the run row)."""
+    """Claim the start of the step ``entry`` fenced, in a transaction whose stamp holds the
+    run row: render its task from the run's data (``rendered``: it was rendered before the
+    fence), claim it with :data:`fence.CLAIM` unless the fence already did, move a queued run
+    to running. A refused claim is acted on (:func:`_refused`); an approval asks its person
+    and a branching step makes its branches instead."""
     step = entry.step
-    if step.provider_run_id is not None:
-        return Done(Poll(entry.spec.poll_interval, entry.tick))
-    if step.status is StepStatus.RETRYING:
-        waiting = retrying.held(session, settings, run_id, entry, now)
+    if not step.claimed:
+        waiting = _refused(session, settings, run_id, entry, step.refused, now)
         if waiting is not None:
             return waiting
-    if step.start_claimed_at is not None and now - step.start_claimed_at < turns.claim_window(
-        settings
-    ):
-        # Another delivery's start is in flight: it records the turn, or (having lost the
-        # fence to this one) hands the turn's id to the step. Starting again would call the
-        # provider twice for one key; this execution looks again after a poll interval.
-        return Done(Poll(entry.spec.poll_interval, entry.tick))
     approval = entry.spec.approval
-    template, field = _template(entry.spec), "task" if approval is None else "prompt"
+    if rendered is None or entry.spec.branching:
+        made = _render(session, settings, run_id, entry, now)
+        if isinstance(made, Done):
+            return made
+        rendered = made.value
+    if approval is None and not step.claimed:
+        bound = {
+            **fence.params(settings, run_id, step.index, entry.tick - 1, now, None, None),
+            "b_pk": step.pk,
+            "b_input": rendered,
+        }
+        written = session.execute(fence.CLAIM, bound).first()
+        if written is None:
+            return Done(Halt("duplicate or stale delivery"))
+        claimed = StepRow.of(dict(written._mapping), run_id, step.index)
+        if not claimed.claimed:
+            refused = _refused(session, settings, run_id, entry, claimed.refused, now)
+            return refused or Done(Poll(entry.spec.poll_interval, entry.tick))
+    if entry.run_status is RunStatus.QUEUED:
+        transition_run(session, run_id, RunStatus.RUNNING, cause="first step starting", now=now)
+    if approval is not None:
+        run = session.get(Run, run_id, populate_existing=True)
+        row = session.get(Step, step.pk, populate_existing=True)
+        assert run is not None and row is not None
+        return approving.ask(session, settings, run, row, entry.spec, rendered, now)
+    answer, resuming = None, False
+    if step.attempt > 1 and not step.unanswered:
+        # A turn that resumes a human park carries the answer; a retry does not.
+        answer = session.scalar(select(Step.answer).where(Step.pk == step.pk))
+        resuming = True
+    return Done(start_call(settings, entry, rendered, now, answer=answer, resuming=resuming))
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    value: Any
+
+
+def _render(
+    session: Session, settings: Settings, run_id: str, entry: Entry, now: datetime
+) -> _Rendered | Done[StartCall | Outcome]:
+    """The step's task (an approval's prompt) rendered from the run's data; a branching step
+    makes its branches here; a task that cannot be rendered fails the run."""
+    step = entry.step
+    template, field = _template(entry.spec), "task" if entry.spec.approval is None else "prompt"
     if entry.spec.branching:
         # The items, and the branches' own templates: a rerun compares what they render to.
         template = [entry.spec.for_each, *map(_template, _branch_steps(entry.spec))]
@@ -83,8 +125,8 @@ def claim(
     if entry.spec.branching:
         return branching.expand(session, settings, run_id, entry, context, now)
     try:
-        rendered = templating.render(
-            template, context, field, limit=settings.max_rendered_task_bytes
+        return _Rendered(
+            templating.render(template, context, field, limit=settings.max_rendered_task_bytes)
         )
     except LimitExceeded as exc:
         return Done(
@@ -96,38 +138,26 @@ def claim(
             Halt("task could not be rendered"),
             fail(session, settings, run_id, f"step {step.step_id}: {exc}", now),
         )
-    if approval is None:
-        if step.status in (StepStatus.PENDING, StepStatus.RETRYING):
-            transition_step(
-                session,
-                step,
-                StepStatus.RUNNING,
-                cause="turn starting" if step.attempt == 1 else f"attempt {step.attempt} starting",
-                now=now,
-                values={"input": rendered, "start_claimed_at": now, "retry_at": None},
-            )
-        else:
-            touch_step(session, step, now, start_claimed_at=now)
-    if entry.run_status is RunStatus.QUEUED:
-        transition_run(
-            session,
-            run_id,
-            RunStatus.RUNNING,
-            cause="first step starting",
-            now=now,
-        )
-    if approval is not None:
-        run = session.get(Run, run_id, populate_existing=True)
-        row = session.get(Step, step.pk, populate_existing=True)
-        assert run is not None and row is not None
-        return approving.ask(session, settings, run, row, entry.spec, rendered, now)
-    answer, resuming = None, False
-    if step.attempt > 1:  # a turn that resumes a human park carries the answer; a retry not
-        answer, cleared = session.execute(
-            select(Step.answer, Step.answer.is_(None)).where(Step.pk == step.pk)
-        ).one()
-        resuming = not cleared
-    return Done(start_call(settings, entry, rendered, now, answer=answer, resuming=resuming))
+
+
+def _refused(
+    session: Session,
+    settings: Settings,
+    run_id: str,
+    entry: Entry,
+    refusal: Refusal | None,
+    now: datetime,
+) -> Done[Outcome] | None:
+    """What to do when the step's start may not be claimed (:func:`fence.refusal` said why);
+    ``None`` when it may."""
+    if refusal is None:
+        return None
+    if refusal in (Refusal.BACKOFF, Refusal.STOPPING, Refusal.UNSTOPPABLE):
+        return retrying.held(session, settings, run_id, entry, refusal, now)
+    # Another delivery's start is in flight (it records the turn, or, having lost the fence
+    # to this one, hands the turn's id to the step), the turn has started, or the run is not
+    # where a turn may start: look again after a poll interval, without calling the provider.
+    return Done(Poll(entry.spec.poll_interval, entry.tick))
 
 
 def start_call(

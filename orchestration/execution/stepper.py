@@ -1,8 +1,8 @@
 """One execution of a step task: the sequence of its transactions and provider calls.
 
-* entry (one transaction): fence, stamp, read; for a start, the claim as well; on PostgreSQL
-  a poll's entry, and a new step's start whose task names no data, are one statement with no
-  transaction around it (``poll_fence``, ``start_fence``);
+* entry: fence, stamp, read, and for a start the claim (``fence``'s pieces); on PostgreSQL a
+  poll's entry, and a first delivery's start whose task names no data, are one statement
+  with no transaction around it; what that statement cannot finish goes on in a transaction;
 * start: the provider start with no lock held, then at once one status call, so that a turn
   already finished is finished in this execution (no countdown hop);
 * poll: one status call; nothing more is written unless the observation changed something;
@@ -22,17 +22,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts, bounds, cancellation, effects, providers, specs
+from orchestration import artifacts, bounds, cancellation, effects, pieces, providers, specs
 from orchestration.db import utcnow
 from orchestration.errors import PermanentProviderError, RetryableProviderError
-from orchestration.execution import calls, finishing, observing, parking, poll_fence, releasing
+from orchestration.execution import calls, finishing, observing, parking, releasing
 from orchestration.execution import entry as entries
-from orchestration.execution import start_fence as start_fences
 from orchestration.execution.entry import Entry, Phase
 from orchestration.execution.finishing import EffectsDue
 from orchestration.execution.outcomes import Halt, Outcome, Poll, Proceed
 from orchestration.execution.rows import MOVABLE, STARTABLE, Moved, fail, lock, step_of
-from orchestration.execution.starting import StartCall, claim
+from orchestration.execution.starting import StartCall, claim, plain_task, start_call
 from orchestration.followups import Done, Transact
 from orchestration.models import Run
 from orchestration.observability import context, tracing
@@ -72,32 +71,48 @@ class Stepper:
         that finishes without one arms the next segment."""
         self.fenced_tick = None
         now = self.clock()
-        fast = poll_fence.attempt(
-            self.transact, self.settings, run_id, index, tick, now, worker=self.worker, pid=self.pid
-        )
-        if isinstance(fast, Entry):
-            self._bind(fast)
-            return self._poll(run_id, index, fast, chained)
-        start = start_fences.attempt(
-            self.transact, self.settings, run_id, index, fast, now, worker=self.worker, pid=self.pid
-        )
-        if isinstance(start, start_fences.Started):
-            self._bind(start.entry)
-            return self._start(run_id, index, start.entry, start.call, chained)
-        tick = start
+        quick: Entry | None = None
+        rendered: Any = None
+        if pieces.one_statement(self.settings):
+            # The entry's pieces as one statement with no transaction around it: a poll, or
+            # the first delivery of a step whose task renders without the run's data (its
+            # claim rides on the fence). What it cannot finish goes on in a transaction.
+            first = self.transact(
+                lambda session: Done(self._enter(session, run_id, index, tick, now, quick=True)),
+                autocommit=True,
+            )
+            if first is not None:
+                found, rendered = first
+                if isinstance(found, Halt):
+                    return found
+                quick = found
+                self._bind(quick)
+                if quick.stamped and quick.phase is Phase.POLL:
+                    return self._poll(run_id, index, quick, chained)
+                if quick.stamped and quick.step.claimed:
+                    call = start_call(self.settings, quick, rendered, now)
+                    return self._start(run_id, index, quick, call, chained)
         started: list[Entry] = []
 
         def enter(session: Session) -> Done[Entry | StartCall | Outcome]:
-            found = entries.enter(
-                session, self.settings, run_id, index, tick, now, worker=self.worker, pid=self.pid
-            )
-            if isinstance(found, Halt):
-                return Done(found)
-            started.append(found)
-            if found.phase is Phase.START:
-                claimed = claim(session, self.settings, run_id, found, now)
+            nonlocal rendered
+            entry = quick
+            if entry is None:
+                found = self._enter(session, run_id, index, tick, now, quick=False)
+                assert found is not None
+                entered, rendered = found
+                if isinstance(entered, Halt):
+                    return Done(entered)
+                entry = entered
+            if quick is not None or not entry.stamped:
+                # Stamped here, on the status read: the stamp holds the run row until the
+                # commit, so a claim below is ordered before any cancel.
+                entry = entries.stamp(session, self.settings, run_id, entry, now)
+            started.append(entry)
+            if entry.phase is Phase.START:
+                claimed = claim(session, self.settings, run_id, entry, now, rendered=rendered)
                 return Done(claimed.value, claimed.then)
-            return Done(found)
+            return Done(entry)
 
         got = self.transact(enter)
         if not started:
@@ -116,6 +131,33 @@ class Stepper:
         if entry.phase is Phase.EFFECTS:
             return self._effects(run_id, index, entry.tick, chained)
         return self._poll(run_id, index, entry, chained)
+
+    def _enter(
+        self, session: Session, run_id: str, index: int, tick: int, now: datetime, *, quick: bool
+    ) -> tuple[Entry | Halt, Any] | None:
+        """The entry, with the start's claim when this first delivery's task renders without
+        the run's data; ``None`` when ``quick`` and only a transaction can take it (a first
+        delivery that renders from the run's data)."""
+        steps = specs.of_run(session, run_id)
+        # A run with no such step (gone, purged) fences nothing: the entry halts.
+        rendered = (
+            plain_task(self.settings, steps[index]) if not tick and index < len(steps) else None
+        )
+        if quick and not tick and rendered is None:
+            return None
+        found = entries.enter(
+            session,
+            self.settings,
+            run_id,
+            index,
+            tick,
+            now,
+            worker=self.worker,
+            pid=self.pid,
+            rendered=rendered,
+            durable=not quick,
+        )
+        return found, rendered
 
     # -- phases ----------------------------------------------------------------------------
     def _start(

@@ -58,7 +58,10 @@ class Executor:
         autocommit: bool = False,
     ) -> T:
         with session_scope(
-            self.settings.database_url, lock_timeout=lock_timeout, autocommit=autocommit
+            self.settings.database_url,
+            lock_timeout=lock_timeout,
+            autocommit=autocommit,
+            together=self.settings.single_statement,
         ) as session:
             done = work(session)
         if done.then:

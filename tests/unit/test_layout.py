@@ -5,8 +5,10 @@
   nor ``tasks``, nor the runtime adapters, nor the surfaces;
 * only the runtime adapters and ``tasks`` import Celery;
 * only the executor and the surfaces open a transaction (``session_scope``); the scripted
-  provider's own store is the one provider that keeps a database of its own;
-* no module is over 400 lines.
+  provider's own store is the one provider that keeps a database of its own.
+
+About 400 lines a module is a guideline for a reader, not a rule a test enforces: a module
+is split by concern, never to fit a count.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "orchestration"
-MAX_LINES = 400
 #: Modules that are not the domain.
 OUTER = ("orchestration.runtime", "orchestration.surfaces", "orchestration.service")
 #: Where a transaction may be opened: the executor, the surfaces' reads, the scripted
@@ -101,8 +102,3 @@ def test_only_the_executor_and_the_surfaces_open_a_transaction() -> None:
         if "session_scope(" in path.read_text() and name != OWN_STORE
     )
     assert all(_inside(name, SESSION_OPENERS) for name in openers), openers
-
-
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_module_is_over_400_lines(name: str) -> None:
-    assert len(MODULES[name].read_text().splitlines()) <= MAX_LINES

@@ -183,11 +183,17 @@ def _numbers(field: FieldInfo) -> SearchStrategy[str]:
     return st.one_of(words, non_finite, below_floats.map(repr), above.map(repr))
 
 
+#: What pydantic reads as a boolean.
+_BOOLEAN_WORDS = {"0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"}
+
+
 def garbage_for(name: str) -> SearchStrategy[str]:
     """The invalid values of one setting; ``KeyError`` for a setting nobody wrote them for."""
     field = Settings.model_fields[name]
     if field.annotation in (int, float):
         return _numbers(field)
+    if field.annotation is bool:
+        return TEXT.filter(lambda text: text.strip().lower() not in _BOOLEAN_WORDS)
     if get_origin(field.annotation) is Literal:
         choices = {str(choice) for choice in get_args(field.annotation)}
         return TEXT.filter(lambda text: text not in choices)
