@@ -1,6 +1,6 @@
 """What PostgreSQL does in one statement: a poll's entry with no transaction around it
-(``execution.poll_fence``; what that statement cannot take goes on in the full entry), and a
-transition with its journal row (``transitions``), which exists exactly when the row moved.
+(``execution.fence``'s pieces; what that statement cannot finish goes on in a transaction),
+a transition (whose journal row the database writes), a launch.
 
 In-process against the module's PostgreSQL database (no worker: the stepper is driven as the
 step task drives it). Without ``ORCH_TEST_DATABASE_URL`` there is no PostgreSQL to run on and
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select, text
 
-from orchestration import claims, launch_once, launching
+from orchestration import claims, launch_once, launching, pieces
 from orchestration.db import get_engine, postgresql_url, session_scope, utcnow
 from orchestration.errors import (
     IdempotencyConflict,
@@ -91,44 +91,46 @@ def test_a_poll_is_one_statement_outside_a_transaction(stack: Stack) -> None:
 
 
 def test_a_poll_commits_without_waiting_for_the_disk_and_only_itself(stack: Stack) -> None:
-    """The poll's statement turns ``synchronous_commit`` off for its own implicit transaction:
-    in effect while it runs, gone from the connection once it returned (a later write on the
-    same pooled connection, a cancel say, still waits for its WAL)."""
+    """A poll's entry, sent as one statement in autocommit, turns ``synchronous_commit`` off
+    for its own implicit transaction: in effect while it runs, gone from the connection once
+    it returned (a later write on the same pooled connection, a cancel say, still waits for
+    its WAL)."""
     _, clock, run_id, tick = _polling(stack)
-    bound = fence.params(run_id, 0, tick, clock(), clock() + timedelta(seconds=60), "it", 1)
-    with get_engine(stack.settings.database_url).connect() as connection:
-        connection = connection.execution_options(isolation_level="AUTOCOMMIT")
-        row = connection.execute(fence.FENCE_AND_STAMP_POLL, bound).one()
-        assert (row.stamped, row.commit_mode) == (True, "off")
-        after = connection.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+    settings = stack.settings
+    bound = fence.params(settings, run_id, 0, tick, clock(), "it", 1)
+    with session_scope(settings.database_url, autocommit=True) as session:
+        sent_rows = pieces.send(session, fence.ENTER, bound, durable=False)
+        assert sent_rows["stamped"] is not None
+        after = session.connection().exec_driver_sql("SHOW synchronous_commit").scalar_one()
     assert after == "on"
-    assert steps_of(stack.settings, run_id)[0].polls == tick + 1
-    # The full entry's statement, which runs inside the claim's transaction, stays durable.
-    assert "set_config" not in str(fence.FENCE_AND_STAMP)
+    assert steps_of(settings, run_id)[0].polls == tick + 1
+    # Sent durable (a claim, or inside a transaction), the same pieces leave the setting be.
+    assert "set_config" in str(pieces._composed(fence.ENTER, False))
+    assert "set_config" not in str(pieces._composed(fence.ENTER, True))
 
 
 def test_a_poll_updates_the_run_and_the_step_in_place(stack: Stack) -> None:
     """Neither row's stamp touches an indexed column, so PostgreSQL updates both in place
     (HOT: no index entry written), counted by this backend around the statement."""
     _, clock, run_id, tick = _polling(stack)
-    bound = fence.params(run_id, 0, tick, clock(), clock() + timedelta(seconds=60), "it", 1)
+    bound = fence.params(stack.settings, run_id, 0, tick, clock(), "it", 1)
     counts = text(
         "SELECT pg_stat_get_xact_tuples_updated(CAST(:table AS regclass)),"
         " pg_stat_get_xact_tuples_hot_updated(CAST(:table AS regclass))"
     )
-    with get_engine(stack.settings.database_url).connect() as connection:
+    with session_scope(stack.settings.database_url) as session:
 
         def read() -> dict[str, tuple[int, int]]:
             # This backend's counts not yet reported, this transaction's included.
             return {
-                table: tuple(connection.execute(counts, {"table": table}).one())
+                table: tuple(session.execute(counts, {"table": table}).one())
                 for table in ("runs", "steps")
             }
 
         before = read()
-        assert connection.execute(fence.FENCE_AND_STAMP_POLL, bound).one().stamped
+        assert pieces.send(session, fence.ENTER, bound)["stamped"] is not None
         after = read()
-        connection.rollback()
+        session.rollback()
     moved = {
         table: (after[table][0] - before[table][0], after[table][1] - before[table][1])
         for table in after
@@ -151,8 +153,9 @@ def test_a_stale_delivery_writes_nothing(stack: Stack) -> None:
 
 
 def test_a_fence_the_run_refuses_goes_on_in_the_full_entry(stack: Stack) -> None:
-    """A cancel requested: the statement fences the step but cannot stamp the run; the full
-    entry goes on from the tick it fenced and the execution honours the cancel."""
+    """A cancel requested: the statement fences the step but cannot stamp the run; a
+    transaction goes on from the tick it fenced (without fencing again) and the execution
+    honours the cancel."""
     stepper, clock, run_id, tick = _polling(stack)
     force(stack.settings, run_id, cancel_requested_at=clock())
     clock.advance(1)
@@ -163,18 +166,18 @@ def test_a_fence_the_run_refuses_goes_on_in_the_full_entry(stack: Stack) -> None
     assert all(not autocommit for _, autocommit in seen.statements[1:])
     assert run_row(stack.settings, run_id).status == "cancelled"
     step = steps_of(stack.settings, run_id)[0]
-    assert (step.status, step.polls) == ("cancelled", tick + 2)
+    assert (step.status, step.polls) == ("cancelled", tick + 1)
 
 
 def test_a_parked_run_is_polled_through_the_full_entry(stack: Stack) -> None:
-    """Parked for a platform interrupt: the full entry stamps it on its status, and the poll
+    """Parked for a platform interrupt: a transaction stamps it on its status, and the poll
     that sees the turn working again unparks it."""
     stepper, clock, run_id, tick = _polling(stack)
     force(stack.settings, run_id, status="parked", park_reason="platform_interrupt")
     clock.advance(1)
     with sent(stack.settings) as seen:
         outcome = stepper.advance(run_id, 0, tick)
-    assert isinstance(outcome, Poll) and outcome.tick == tick + 2
+    assert isinstance(outcome, Poll) and outcome.tick == tick + 1
     assert seen.statements[0] == ("WITH", True)
     run = run_row(stack.settings, run_id)
     assert (run.status, run.park_reason, run.heartbeat_at) == ("running", None, clock())

@@ -1,7 +1,7 @@
-"""A new step's start on PostgreSQL in one statement (``execution.start_fence``): fenced,
-claimed and its run stamped with no transaction around it, and what it leaves to the full
-entry: a duplicate delivery, a run's first step, a task that names data, a cancel that
-commits while the statement waits for the run row.
+"""A new step's start on PostgreSQL in one statement (``execution.fence``'s pieces): fenced,
+claimed and its run stamped with no transaction around it, and what it leaves to a
+transaction: a duplicate delivery, a run's first step, a task that names data, a cancel
+that commits while the statement waits for the run row.
 
 In-process against the module's PostgreSQL database, the stepper driven as the step task
 drives it. Skipped without ``ORCH_TEST_DATABASE_URL`` (with ``CI=true`` the suite refuses to
@@ -112,16 +112,22 @@ def test_a_structured_task_is_claimed_as_it_is(stack: Stack) -> None:
     assert steps_of(settings, run_id)[1].input == task
 
 
-def test_a_runs_first_step_takes_the_full_claim(stack: Stack) -> None:
-    """The run is still ``queued``: the full claim moves it on, and no statement is spent on
-    a start fence that cannot take."""
+def test_a_runs_first_step_claims_in_the_statement_and_moves_its_run_in_a_transaction(
+    stack: Stack,
+) -> None:
+    """The run is still ``queued``: the statement fences and claims the step but cannot stamp
+    a running run, so a transaction stamps the queued run (its lock orders the claim before
+    any cancel) and moves it on, without fencing or claiming again."""
     settings = stack.settings
     stepper, _ = stepper_on(settings)
     run_id = launch(settings, workflow(step_spec("a", with_=RUNNING)))
     with sent(settings) as seen:
         assert isinstance(stepper.advance(run_id, 0, 0), Poll)
-    assert ("WITH", True) not in seen.statements, seen.statements
+    assert seen.statements[0] == ("WITH", True), seen.statements
     assert run_row(settings, run_id).status == "running"
+    step = steps_of(settings, run_id)[0]
+    assert (step.polls, step.status) == (1, "running")
+    assert len(_starts(settings, run_id, "a")) == 1
 
 
 def test_a_cancel_committed_while_the_start_waits_for_the_run_starts_no_turn(
