@@ -19,9 +19,8 @@ from enum import StrEnum
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import deadlines
+from orchestration import deadlines, health
 from orchestration.errors import ConflictError
-from orchestration.health import derive
 from orchestration.models import Run
 from orchestration.settings import Settings
 from orchestration.states import ClaimState, Health, RunStatus, StopReason
@@ -97,7 +96,8 @@ def decide(
     current = holder(session, owner, key)
     if current is None:
         return Decision(ClaimState.HOLDING)
-    if derive(settings, current, now) is Health.STALLED:
+    judged = health.judge(session, settings, current.id, now)
+    if judged is not None and judged.health is Health.STALLED:
         return Decision(
             ClaimState.HOLDING,
             oust=Ousting(

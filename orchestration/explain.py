@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestration import sweep_rules
 from orchestration.deadlines import heartbeat_expiry, park_expiry
+from orchestration.health import Judged
 from orchestration.records import RunRecord, StepRecord
 from orchestration.settings import MARGIN_SECONDS, Settings
 from orchestration.states import (
@@ -56,12 +57,12 @@ def _next_poll(settings: Settings, due: datetime | None, now: datetime) -> str:
 
 
 def _stalled(
-    settings: Settings, record: RunRecord, status: RunStatus, why: str, now: datetime
+    settings: Settings, record: RunRecord, judged: Judged, why: str, now: datetime
 ) -> tuple[str, str]:
     """Why a stalled run is stalled, and what the sweeper rule that owns it will do (the
-    rule table the sweeper itself runs)."""
+    rule table the sweeper itself runs, on what the SQL judged of the run)."""
     sweeper = f"the sweeper (every {settings.sweep_interval:g}s)"
-    rule = sweep_rules.owner(settings, record, now)
+    rule = sweep_rules.owner(settings, record, judged, now)
     move = f"{sweeper} {rule.says(settings, record)}" if rule else f"{sweeper} leaves it alone"
     if rule is not None and rule.name == "parks_expired" and record.parked_since is not None:
         expiry = park_expiry(
@@ -132,8 +133,9 @@ def _branches(record: RunRecord, step: StepRecord, expiry: datetime) -> tuple[st
     return why, move
 
 
-def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, Any]:
-    """A structured explanation; ``text`` joins it into sentences."""
+def explain(settings: Settings, record: RunRecord, judged: Judged, now: datetime) -> dict[str, Any]:
+    """A structured explanation of ``record`` and what the SQL ``judged`` of it at ``now``
+    (:func:`orchestration.health.judge`); ``text`` joins it into sentences."""
     status = RunStatus(record.status)
     step = _current(record)
     where = f"step {step.step_id!r} ({step.status}, attempt {step.attempt})" if step else "no step"
@@ -204,7 +206,7 @@ def explain(settings: Settings, record: RunRecord, now: datetime) -> dict[str, A
         why = f"{where} is polling its provider turn (last status {last!r})"
         next_move = _next_poll(settings, step.next_poll_at if step else None, now)
     if record.health == Health.STALLED:
-        why, next_move = _stalled(settings, record, status, why, now)
+        why, next_move = _stalled(settings, record, judged, why, now)
     summary = {
         "run_id": record.id,
         "status": record.status,

@@ -18,6 +18,7 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from orchestration import fleet_series, summaries
+from orchestration import health as judgement
 from orchestration.models import Run, Step, SweeperBeat
 from orchestration.settings import Settings
 
@@ -89,7 +90,7 @@ def snapshot(session: Session, settings: Settings, now: datetime) -> Fleet:
             .order_by(func.max(Step.updated_at).desc())
         )
     ]
-    health = summaries.health_expression(settings, now)
+    health = judgement.expression()
     by_health: dict[str, int] = {}
     past = 0
     for state, count, late in session.execute(
@@ -99,7 +100,8 @@ def snapshot(session: Session, settings: Settings, now: datetime) -> Fleet:
             func.coalesce(func.sum(case((Run.deadline_at < now, 1), else_=0)), 0),
         )
         .where(summaries.live())
-        .group_by(health)
+        .group_by(health),
+        judgement.params(settings, now),
     ):
         by_health[str(state)] = int(count)
         past += int(late)

@@ -34,17 +34,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, bindparam, case, exists, false, func, select, true
+from sqlalchemy import Table, bindparam, case, exists, false, func, select, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from orchestration import live_counts
-from orchestration.db import postgresql_url
+from orchestration import admission, health, pieces
 from orchestration.models import Run, Step
 from orchestration.new_runs import PER_STEP, NewRun
 from orchestration.settings import Settings
+from orchestration.states import Health
 
 _RUNS = cast(Table, Run.__table__)
+#: What the run's insert returns: its id and the columns its health is judged on.
+_JUDGED = (
+    "id",
+    "status",
+    "claim",
+    "heartbeat_at",
+    "created_at",
+    "cancel_requested_at",
+    "park_reason",
+    "parked_since",
+    "waiting_until",
+)
 _STEPS = cast(Table, Step.__table__)
 
 
@@ -53,9 +65,7 @@ def fits(settings: Settings, request: NewRun) -> bool:
     rerun) with no concurrency key (whose claim may end another run in the same
     transaction)."""
     return (
-        request.concurrency_key is None
-        and request.reuse is None
-        and postgresql_url(settings.database_url)
+        request.concurrency_key is None and request.reuse is None and pieces.one_statement(settings)
     )
 
 
@@ -76,6 +86,8 @@ class Outcome:
     made: bool
     found: str | None
     fingerprint: str | None
+    #: The health of the run it made, judged by the statement (``health.expression``).
+    health: Health | None = None
 
 
 def write(
@@ -97,10 +109,10 @@ def write(
     params: dict[str, Any] = {f"r_{name}": value for name, value in run.items()}
     params.update({f"s_{name}": [step[name] for step in steps] for name in varying})
     params.update({f"s_{name}": value for name, value in shared.items()})
-    params["max_total"] = settings.max_active_runs
-    params["max_mine"] = settings.max_active_runs_per_owner
-    made, found, fingerprint = session.execute(statement, params).one()
-    return Outcome(bool(made), found, fingerprint)
+    params.update(admission.limits(settings))
+    params.update(health.params(settings, run["created_at"]))
+    made, found, fingerprint, judged = session.execute(statement, params).one()
+    return Outcome(bool(made), found, fingerprint, None if judged is None else Health(judged))
 
 
 @functools.lru_cache(maxsize=8)
@@ -129,17 +141,14 @@ def _statement(
     ).where(
         case(
             (exists(select(1).select_from(prior)), false()),
-            else_=and_(
-                live_counts.count_of(live_counts.TOTAL) < bindparam("max_total"),
-                live_counts.count_of(owner) < bindparam("max_mine"),
-            ),
+            else_=admission.admitted(owner),
         )
     )
     made = (
         postgresql.insert(_RUNS)
         .from_select(list(run_columns), admitted)
         .on_conflict_do_nothing(constraint="uq_runs_owner_request")
-        .returning(_RUNS.c.id)
+        .returning(*(_RUNS.c[name] for name in _JUDGED))
         .cte("made")
     )
     given = (
@@ -165,4 +174,5 @@ def _statement(
         exists(select(1).select_from(made)).label("made"),
         select(prior.c.id).scalar_subquery().label("found"),
         select(prior.c.fingerprint).scalar_subquery().label("fingerprint"),
+        select(health.expression(made.c)).scalar_subquery().label("health"),
     ).add_cte(prior, made, step_rows)

@@ -24,20 +24,22 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestration import (
+    admission,
     artifacts,
     claims,
     closing,
     definitions,
+    health,
     launch_once,
-    live_counts,
     new_runs,
     specs,
     workflows,
 )
-from orchestration.errors import IdempotencyConflict, LimitExceeded, ValidationError
+from orchestration.errors import IdempotencyConflict, ValidationError
 from orchestration.followups import Done, Followups, Transact
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
+from orchestration.states import Health
 
 T = TypeVar("T")
 
@@ -53,12 +55,12 @@ _FOUND = (
 )
 #: What admits a launch, in one statement built once: the run this owner's request id names
 #: (and its fingerprint) or, only when there is none (``CASE`` evaluates its branch lazily),
-#: the live runs in all and of this owner (:mod:`orchestration.live_counts`).
+#: the first budget with no room (:mod:`orchestration.admission`) and the counts.
 _ADMIT = select(
     _FOUND,
     select(Run.fingerprint).where(Run.id == _FOUND).scalar_subquery(),
-    case((_FOUND.is_(None), live_counts.count_of(live_counts.TOTAL))),
-    case((_FOUND.is_(None), live_counts.count_of(bindparam("b_owner")))),
+    case((_FOUND.is_(None), admission.refused(bindparam("b_owner")))).label("refused"),
+    *admission.counts(bindparam("b_owner")),
 )
 
 
@@ -72,11 +74,12 @@ def check_name(field: str, value: Any) -> str:
 @dataclass(frozen=True)
 class Written:
     """The run a launch found by its request id (``steps`` is ``None``) or wrote, with the
-    new step rows: a new run has no branch runs and no reruns, so its record needs no read
-    back from the database."""
+    new step rows and its health as the SQL judged it: a new run has no branch runs and no
+    reruns, so its record needs nothing else read back from the database."""
 
     run: Run
     steps: list[Step] | None
+    health: Health | None = None
 
 
 def launch(
@@ -201,7 +204,7 @@ def _write_once(
         return Done((_replay(session, request, did.found, did.fingerprint, read),))
     if not did.made:
         return Done(None)
-    written = read(session, Written(run, rows))
+    written = read(session, Written(run, rows, did.health))
     specs.remember(run.id, request.steps)
     return Done((written,), Followups(chains=(plan,)))
 
@@ -229,12 +232,15 @@ def _write(
     read: Callable[[Session, Written], T],
 ) -> Done[T]:
     owner, now, reuse = request.owner, request.now, request.reuse
-    found, fingerprinted, total, mine = session.execute(
-        _ADMIT, {"b_owner": owner, "b_request": request.request_id}
+    found, fingerprinted, refused, *counted = session.execute(
+        _ADMIT,
+        {"b_owner": owner, "b_request": request.request_id, **admission.limits(settings)},
     ).one()
     if found is not None:
         return Done(_replay(session, request, found, fingerprinted, read))
-    _check_capacity(settings, owner, total or 0, mine or 0)
+    if refused is not None:
+        count = dict(zip((budget.name for budget in admission.BUDGETS), counted, strict=True))
+        raise admission.error(refused, owner, count[refused], settings)
     then = Followups()
     decision = None
     if request.concurrency_key is not None:
@@ -268,21 +274,10 @@ def _write(
     if reuse is not None:
         kept = {k.sha256 for k in reuse.outputs[: reuse.first] if k.sha256}
         artifacts.touch(session, owner, kept, now)
-    written = read(session, Written(run, rows))
+    judged = health.judge(session, settings, run.id, now)
+    assert judged is not None
+    written = read(session, Written(run, rows, judged.health))
     if plan is None:
         return Done(written, then)
     specs.remember(run.id, request.steps)
     return Done(written, then + Followups(chains=(plan,)))
-
-
-def _check_capacity(settings: Settings, owner: str, total: int, mine: int) -> None:
-    if total >= settings.max_active_runs:
-        raise LimitExceeded(
-            "runs", f"{total} active runs is the limit (ORCH_MAX_ACTIVE_RUNS); retry later"
-        )
-    if mine >= settings.max_active_runs_per_owner:
-        raise LimitExceeded(
-            "runs",
-            f"owner {owner!r} has {mine} active runs, the limit "
-            "(ORCH_MAX_ACTIVE_RUNS_PER_OWNER); retry when some end",
-        )

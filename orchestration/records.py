@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from orchestration.health import derive
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
+from orchestration.states import Health
 
 
 class StepRecord(BaseModel):
@@ -116,11 +116,13 @@ def to_record(
     now: datetime,
     branches: Mapping[int, list[dict[str, Any]]] | None = None,
     reruns: list[str] | None = None,
+    *,
+    health: Health,
 ) -> RunRecord:
-    """Build the record of ``run`` at ``now`` (health is derived, never stored), with the
-    branch runs of its branching steps by step index."""
+    """Build the record of ``run`` with its ``health`` (judged at the read, never stored) and
+    the branch runs of its branching steps by step index."""
     data = {column.key: getattr(run, column.key) for column in Run.__table__.columns}
-    data["health"] = derive(settings, run, now).value
+    data["health"] = health.value
     data["reruns"] = reruns or []
     if run.result_sha256 is not None:
         data.update(result=None, result_artifact=run.result)

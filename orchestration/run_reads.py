@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestration import health
 from orchestration.errors import RunNotFound
 from orchestration.execution import branching
 from orchestration.models import Run, RunEvent, Step
@@ -41,8 +42,16 @@ def record(session: Session, settings: Settings, run: Run, now: datetime) -> Run
             select(Run.id).where(Run.rerun_of == run.id).order_by(Run.created_at, Run.id)
         )
     )
+    judged = health.judge(session, settings, run.id, now)
+    assert judged is not None
     return to_record(
-        settings, run, steps, now, branches=branching.listed(session, run.id), reruns=reruns
+        settings,
+        run,
+        steps,
+        now,
+        branches=branching.listed(session, run.id),
+        reruns=reruns,
+        health=judged.health,
     )
 
 

@@ -32,6 +32,7 @@ from orchestration import (
     schedules,
     summaries,
 )
+from orchestration import health as judgement
 from orchestration.db import check_ready, utcnow
 from orchestration.errors import LimitExceeded, RunNotFound, ValidationError
 from orchestration.execution import approving
@@ -130,7 +131,16 @@ class Orchestrator:
         """Why the run is where it is, what moves it next and its ``deadline_at``."""
         from orchestration.explain import explain
 
-        return explain(self.settings, self.get(run_id, owner=owner), self.clock())
+        now = self.clock()
+
+        def read(session: Session) -> Done[tuple[RunRecord, judgement.Judged]]:
+            record = self._read(session, run_id, owner)
+            judged = judgement.judge(session, self.settings, run_id, now)
+            assert judged is not None
+            return Done((record, judged))
+
+        record, judged = self.transact(read)
+        return explain(self.settings, record, judged, now)
 
     def events(self, run_id: str, *, owner: str) -> builtins.list[dict[str, Any]]:
         """The run's journal, oldest first."""
@@ -367,9 +377,11 @@ class Orchestrator:
     # -- helpers ---------------------------------------------------------------------------
     def _launched(self, session: Session, written: launching.Written) -> RunRecord:
         """The record of the run a launch found (read) or wrote (from the rows it wrote)."""
+        now = self.clock()
         if written.steps is None:
-            return run_reads.record(session, self.settings, written.run, self.clock())
-        return to_record(self.settings, written.run, written.steps, self.clock())
+            return run_reads.record(session, self.settings, written.run, now)
+        assert written.health is not None
+        return to_record(self.settings, written.run, written.steps, now, health=written.health)
 
     def _read(self, session: Session, run_id: str, owner: str) -> RunRecord:
         """The record of the owner's run now. Raises :class:`RunNotFound`."""

@@ -6,32 +6,28 @@ prompt) for every row it read, so one ``GET /runs?health=`` could pull thousands
 :data:`ERROR_CHARS`, the id of the step it is on, and its health; the full record stays on
 ``Orchestrator.get``.
 
-Health is computed in SQL by :func:`health_expression`, the same rules as
-:func:`orchestration.health.derive` written over columns (a test checks the two agree), so a
-health filter is a ``WHERE`` clause and a page costs one bounded query, however many runs
-an owner has.
+Health is computed in SQL by :func:`orchestration.health.expression`, the one place it is
+written, so a health filter is a ``WHERE`` clause and a page costs one bounded query, however
+many runs an owner has.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import ColumnElement, and_, bindparam, case, func, literal, or_, select
+from sqlalchemy import ColumnElement, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from orchestration.db import constant_in
+from orchestration import health as judgement
 from orchestration.errors import ValidationError
 from orchestration.models import Run, Step
 from orchestration.settings import Settings
 from orchestration.states import (
     RUN_LIVE,
     RUN_TERMINAL,
-    UNATTENDED_PARKS,
-    ClaimState,
     Health,
-    ParkReason,
     RunStatus,
 )
 
@@ -119,78 +115,15 @@ def terminal() -> ColumnElement[bool]:
     return status_in(_TERMINAL)
 
 
-def health_expression(settings: Settings, now: datetime) -> ColumnElement[str]:
-    """A run's health at ``now`` as a SQL expression over its columns.
-
-    The rules of :func:`orchestration.health.derive`, with every bound turned into a cut-off
-    time computed here, so the SQL compares columns with parameters and does no date
-    arithmetic (the same on PostgreSQL and SQLite).
-    """
-    heartbeat_dead = func.coalesce(Run.heartbeat_at, Run.created_at) < now - timedelta(
-        seconds=settings.heartbeat_timeout
-    )
-    known = [reason.value for reason in ParkReason]
-    over_budget = or_(
-        *(
-            and_(
-                Run.park_reason == reason,
-                Run.parked_since < now - timedelta(seconds=settings.park_budget(reason)),
-            )
-            for reason in known
-        ),
-        and_(
-            or_(Run.park_reason.is_(None), Run.park_reason.not_in(known)),
-            Run.parked_since < now - timedelta(seconds=settings.park_budget(None)),
-        ),
-    )
-    # An approval with its expiry ends at that expiry exactly (``deadlines.park_expiry``);
-    # never NULL, so that its negation is true for every other park.
-    timed_approval = and_(
-        func.coalesce(Run.park_reason, "") == ParkReason.APPROVAL.value,
-        Run.waiting_until.is_not(None),
-    )
-    park_expired = and_(
-        Run.parked_since.is_not(None),
-        or_(
-            and_(timed_approval, Run.waiting_until < now),
-            and_(
-                ~timed_approval,
-                over_budget,
-                or_(Run.waiting_until.is_(None), Run.waiting_until < now),
-            ),
-        ),
-    )
-    polled_park_dead = and_(
-        or_(Run.park_reason.is_(None), Run.park_reason.not_in(sorted(UNATTENDED_PARKS))),
-        heartbeat_dead,
-    )
-    parked = Run.status == RunStatus.PARKED.value
-    expression: ColumnElement[str] = case(
-        (terminal(), literal(Health.ENDED.value)),
-        (and_(parked, or_(park_expired, polled_park_dead)), literal(Health.STALLED.value)),
-        (parked, literal(Health.WAITING.value)),
-        (
-            and_(
-                Run.status == RunStatus.QUEUED.value,
-                constant_in(Run.claim, (ClaimState.QUEUED, ClaimState.SLOT)),
-            ),
-            literal(Health.WAITING.value),
-        ),
-        (heartbeat_dead, literal(Health.STALLED.value)),
-        else_=literal(Health.WORKING.value),
-    )
-    return expression
-
-
-def health_filter(settings: Settings, health: str, now: datetime) -> ColumnElement[bool]:
-    """The ``WHERE`` clause for runs with ``health`` at ``now``.
+def health_filter(health: str) -> ColumnElement[bool]:
+    """The ``WHERE`` clause for runs with ``health`` (bound with ``health.params``).
 
     The status test comes first and alone decides ``ended``, so the database can answer from
     the status indexes (a live health reads live rows only, through ``ix_runs_owner_live``).
     """
     if health == Health.ENDED.value:
         return terminal()
-    return and_(live(), health_expression(settings, now) == health)
+    return and_(live(), judgement.expression() == health)
 
 
 def _error(text: str | None) -> str | None:
@@ -234,7 +167,7 @@ def listing(
     query = select(
         *_COLUMNS,
         func.substr(Run.error, 1, ERROR_CHARS + 1).label("error"),
-        health_expression(settings, now).label("health"),
+        judgement.expression().label("health"),
         Step.step_id.label("current_step_id"),
     ).outerjoin(Step, and_(Step.run_id == Run.id, Step.index == Run.current_step))
     if owner is not None:
@@ -242,12 +175,12 @@ def listing(
     if status is not None:
         query = query.where(Run.status == status)
     if health is not None:
-        query = query.where(health_filter(settings, health, now))
+        query = query.where(health_filter(health))
     if before is not None:
         query = query.where(Run.created_at < before)
     query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
     summaries = []
-    for row in session.execute(query).mappings():
+    for row in session.execute(query, judgement.params(settings, now)).mappings():
         data: dict[str, Any] = dict(row)
         data["error"] = _error(data["error"])
         summaries.append(RunSummary.model_validate(data))

@@ -11,13 +11,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
-from orchestration import health
-from orchestration.health import RunView
+from orchestration.health import Judged
 from orchestration.settings import Settings
 from orchestration.states import UNATTENDED_PARKS, ClaimState, ParkReason, RunStatus
 
-Check = Callable[[Settings, RunView, datetime], bool]
+
+class RunView(Protocol):
+    """The columns the rules read (a ``Run`` row, or a ``RunRecord``)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def cancel_requested_at(self) -> datetime | None: ...
+    @property
+    def deadline_at(self) -> datetime | None: ...
+    @property
+    def claim(self) -> str | None: ...
+    @property
+    def park_reason(self) -> str | None: ...
+    @property
+    def rearms(self) -> int: ...
+
+
+#: Whether a rule owns (or acts on) a run: its row, what the SQL judged of it
+#: (:mod:`orchestration.health`) and the instant.
+Check = Callable[[Settings, RunView, Judged, datetime], bool]
 
 
 @dataclass(frozen=True)
@@ -31,45 +51,46 @@ class Rule:
     says: Callable[[Settings, RunView], str]
 
 
-def _always(_: Settings, __: RunView, ___: datetime) -> bool:
+def _always(_: Settings, __: RunView, ___: Judged, ____: datetime) -> bool:
     return True
 
 
-def _cancelling(_: Settings, run: RunView, __: datetime) -> bool:
+def _cancelling(_: Settings, run: RunView, __: Judged, ___: datetime) -> bool:
     return run.status == RunStatus.CANCELLING
 
 
-def _grace_over_and_dead(settings: Settings, run: RunView, now: datetime) -> bool:
+def _grace_over_and_dead(settings: Settings, run: RunView, judged: Judged, now: datetime) -> bool:
     requested = run.cancel_requested_at
     grace_over = requested is not None and now - requested > timedelta(
         seconds=settings.cancel_grace
     )
-    return grace_over and health.heartbeat_dead(settings, run, now)
+    return grace_over and judged.heartbeat_dead
 
 
-def _queued_behind(_: Settings, run: RunView, __: datetime) -> bool:
+def _queued_behind(_: Settings, run: RunView, __: Judged, ___: datetime) -> bool:
     return run.status == RunStatus.QUEUED and run.claim == ClaimState.QUEUED
 
 
-def _waiting_for_slot(_: Settings, run: RunView, __: datetime) -> bool:
+def _waiting_for_slot(_: Settings, run: RunView, __: Judged, ___: datetime) -> bool:
     return run.status == RunStatus.QUEUED and run.claim == ClaimState.SLOT
 
 
-def _on_branches(settings: Settings, run: RunView, now: datetime) -> bool:
+def _on_branches(_: Settings, run: RunView, judged: Judged, __: datetime) -> bool:
     on = run.status == RunStatus.PARKED and run.park_reason == ParkReason.BRANCHES
-    return on and run.cancel_requested_at is None and not health.park_expired(settings, run, now)
+    return on and run.cancel_requested_at is None and not judged.park_expired
 
 
-def _polled_and_dead(settings: Settings, run: RunView, now: datetime) -> bool:
+def _polled_and_dead(_: Settings, run: RunView, judged: Judged, __: datetime) -> bool:
     human = run.status == RunStatus.PARKED and run.park_reason in UNATTENDED_PARKS
-    return not human and health.heartbeat_dead(settings, run, now)
+    return not human and judged.heartbeat_dead
 
 
-def _dead_and_spent(settings: Settings, run: RunView, now: datetime) -> bool:
-    return _polled_and_dead(settings, run, now) and run.rearms >= settings.max_rearms
+def _dead_and_spent(settings: Settings, run: RunView, judged: Judged, now: datetime) -> bool:
+    dead = _polled_and_dead(settings, run, judged, now)
+    return dead and run.rearms >= settings.max_rearms
 
 
-def _past_deadline(_: Settings, run: RunView, now: datetime) -> bool:
+def _past_deadline(_: Settings, run: RunView, __: Judged, now: datetime) -> bool:
     return run.deadline_at is not None and now > run.deadline_at
 
 
@@ -110,13 +131,13 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "approvals_expired",
-        lambda s, run, now: health.approval_expired(run, now),
+        lambda s, run, judged, now: judged.approval_expired,
         _always,
         lambda s, run: "applies the approval step's on_expiry (its expires_in is up)",
     ),
     Rule(
         "parks_expired",
-        lambda s, run, now: health.park_expired(s, run, now),
+        lambda s, run, judged, now: judged.park_expired,
         _always,
         lambda s, run: "closes it timed_out (park_expired)",
     ),
@@ -146,9 +167,9 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def owner(settings: Settings, run: RunView, now: datetime) -> Rule | None:
+def owner(settings: Settings, run: RunView, judged: Judged, now: datetime) -> Rule | None:
     """The first rule that owns ``run`` at ``now`` (``None``: the sweeper leaves it alone)."""
     for rule in RULES:
-        if rule.owns(settings, run, now):
+        if rule.owns(settings, run, judged, now):
             return rule
     return None

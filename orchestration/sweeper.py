@@ -41,6 +41,7 @@ from orchestration import (
     closing,
     deadlines,
     fleet_series,
+    health,
     sweep_rules,
 )
 from orchestration.db import constant_in, utcnow
@@ -107,15 +108,15 @@ class Sweeper:
             "busy": 0,
             "errors": 0,
         }
-        live = self.transact(_live_runs)
+        live = self.transact(lambda session: _live_runs(session, self.settings, at))
         report["live"] = len(live)
-        ids = {run.id for run in live}
-        for run in live:
+        ids = {run.id for run, _ in live}
+        for run, judged in live:
             try:
                 if run.parent_run_id is not None and run.parent_run_id not in ids:
                     action = self._branch_ended(run, now or self.clock())
                 else:
-                    action = self._one(run, now or self.clock())
+                    action = self._one(run, judged, now or self.clock())
             except (IllegalTransition, IntegrityError):
                 action = None  # another writer (a step, a second beat) got there first
             except OperationalError:
@@ -132,10 +133,11 @@ class Sweeper:
         self._stamp(now or self.clock(), report)
         return report
 
-    def _one(self, run: Run, now: datetime) -> str | None:
-        """Apply the first rule of ``sweep_rules.RULES`` that owns the run, if it is due."""
-        rule = sweep_rules.owner(self.settings, run, now)
-        if rule is None or not rule.due(self.settings, run, now):
+    def _one(self, run: Run, judged: health.Judged, now: datetime) -> str | None:
+        """Apply the first rule of ``sweep_rules.RULES`` that owns the run, if it is due
+        (``judged``: what the SQL judged of the run when the pass read it)."""
+        rule = sweep_rules.owner(self.settings, run, judged, now)
+        if rule is None or not rule.due(self.settings, run, judged, now):
             return None
         with context.acting(run.id, f"sweeper.{rule.name}", owner=run.owner):
             done: bool = getattr(self, f"_{rule.name}")(run, rule, now)
@@ -225,7 +227,8 @@ class Sweeper:
             current = session.get(Run, run.id, populate_existing=True)
             if current is None or current.status in RUN_TERMINAL:
                 return Done(False)
-            if sweep_rules.owner(self.settings, current, now) is not rule:
+            judged = health.judge(session, self.settings, run.id, now)
+            if judged is None or sweep_rules.owner(self.settings, current, judged, now) is not rule:
                 return Done(False)
             then = closing.end_run(
                 session,
@@ -370,7 +373,14 @@ def _past_deadline(run: Run, now: datetime) -> bool:
     return run.deadline_at is not None and now > run.deadline_at
 
 
-def _live_runs(session: Session) -> Done[list[Run]]:
-    live = list(session.scalars(select(Run).where(constant_in(Run.status, RUN_LIVE))))
+def _live_runs(
+    session: Session, settings: Settings, now: datetime
+) -> Done[list[tuple[Run, health.Judged]]]:
+    """The live runs, each with what the SQL judges of it at ``now``."""
+    rows = session.execute(
+        select(Run, *health.JUDGEMENTS).where(constant_in(Run.status, RUN_LIVE)),
+        health.params(settings, now),
+    ).all()
+    live = [(row[0], health.judged(row)) for row in rows]
     session.expunge_all()
     return Done(live)

@@ -88,7 +88,8 @@ def expire(session: Session, settings: Settings, run_id: str, now: datetime) -> 
     longer waiting on an expired approval (a decision committed first)."""
     lock_run(session, run_id, now)
     run = session.get(Run, run_id, populate_existing=True)
-    if run is None or not health.approval_expired(run, now):
+    judged = health.judge(session, settings, run_id, now)
+    if run is None or judged is None or not judged.approval_expired:
         return None
     step = session.scalars(
         select(Step).where(Step.run_id == run.id, Step.index == run.current_step)

@@ -94,7 +94,8 @@ def leave_park(session: Session, run_id: str, now: datetime, *, cause: str) -> N
 def expire(session: Session, settings: Settings, run: Run, now: datetime) -> Followups | None:
     """End the run if its park ran past its budget; ``None`` if it has not."""
     session.refresh(run)
-    if not health.park_expired(settings, run, now):
+    judged = health.judge(session, settings, run.id, now)
+    if judged is None or not judged.park_expired:
         return None
     return closing.end_run(
         session,

@@ -1,4 +1,5 @@
-"""``deadline_at`` and derived health, with the clock as a parameter (no database)."""
+"""``deadline_at`` and health, with the clock as a parameter: deadlines in Python, health as the
+SQL judges a run's row (``orchestration.health``, the one place it is written)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy import delete, insert
 
 from orchestration import deadlines, health
+from orchestration.db import session_scope
 from orchestration.explain import explain
 from orchestration.models import Run
 from orchestration.records import to_record
@@ -22,14 +25,46 @@ from orchestration.states import (
     ParkReason,
     RunStatus,
 )
-from tests.unit.support import PROPERTY, T0, make_settings, s
+from tests.unit.support import PROPERTY, T0, make_settings, s, unguarded
 
 
 @pytest.fixture
-def bounds(tmp_path: Path) -> Settings:
+def bounds(settings: Settings) -> Settings:
     """heartbeat 8 s, sweep 1 s, provider 3 s (slack 8 s), grace 2 s; budgets human 100, engine 50,
-    platform 30, default 40."""
-    return make_settings(tmp_path)
+    platform 30, default 40; on a migrated database, where health is judged."""
+    return settings
+
+
+_FILLED = {
+    "owner": "o",
+    "request_id": "q",
+    "fingerprint": "f",
+    "workflow_name": "w",
+    "workflow": {},
+    "args": {},
+    "task_ids": [],
+    "current_step": 0,
+    "needs_review": False,
+    "updated_at": T0,
+    "cause": "a test's row",
+}
+
+
+def _judge(settings: Settings, run: Run, now: datetime) -> health.Judged:
+    """What the SQL judges of ``run``'s columns at ``now`` (the row is written, then gone)."""
+    columns = {column.key: getattr(run, column.key) for column in Run.__table__.columns}
+    row = {**columns, **{k: v for k, v in _FILLED.items() if columns.get(k) is None}}
+    with unguarded(settings) as session:
+        session.execute(delete(Run).where(Run.id == row["id"]))
+        session.execute(insert(Run).values(row))
+    with session_scope(settings.database_url) as session:
+        judged = health.judge(session, settings, row["id"], now)
+    assert judged is not None
+    return judged
+
+
+def _health(settings: Settings, run: Run, now: datetime) -> Health:
+    return _judge(settings, run, now).health
 
 
 def slack(settings: Settings) -> float:
@@ -181,12 +216,12 @@ def test_no_deadline_outlives_a_dead_heartbeat_except_an_unattended_park_or_a_ca
     assert due <= bound + s(slack(settings))
 
 
-# -- health.derive -------------------------------------------------------------------------
+# -- health -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("status", sorted(RUN_TERMINAL))
 def test_a_terminal_run_has_ended_even_long_after(bounds: Settings, status: RunStatus) -> None:
-    assert health.derive(bounds, _run(status), T0 + s(10**6)) is Health.ENDED
+    assert _health(bounds, _run(status), T0 + s(10**6)) is Health.ENDED
 
 
 @pytest.mark.parametrize(
@@ -195,33 +230,33 @@ def test_a_terminal_run_has_ended_even_long_after(bounds: Settings, status: RunS
 def test_a_moving_run_works_until_its_heartbeat_dies(bounds: Settings, status: RunStatus) -> None:
     run = _run(status)
     timeout = bounds.heartbeat_timeout
-    assert health.derive(bounds, run, T0) is Health.WORKING
-    assert health.derive(bounds, run, T0 + s(timeout)) is Health.WORKING  # not yet past
-    assert health.derive(bounds, run, T0 + s(timeout + 0.001)) is Health.STALLED
+    assert _health(bounds, run, T0) is Health.WORKING
+    assert _health(bounds, run, T0 + s(timeout)) is Health.WORKING  # not yet past
+    assert _health(bounds, run, T0 + s(timeout + 0.001)) is Health.STALLED
 
 
 def test_a_run_never_stamped_counts_from_its_creation(bounds: Settings) -> None:
     run = _run(RunStatus.QUEUED, heartbeat_at=None)
-    assert health.derive(bounds, run, T0 + s(1)) is Health.WORKING
-    assert health.derive(bounds, run, T0 + s(bounds.heartbeat_timeout + 1)) is Health.STALLED
+    assert _health(bounds, run, T0 + s(1)) is Health.WORKING
+    assert _health(bounds, run, T0 + s(bounds.heartbeat_timeout + 1)) is Health.STALLED
 
 
 def test_a_run_queued_behind_its_concurrency_key_is_waiting(bounds: Settings) -> None:
     run = _run(RunStatus.QUEUED, claim="queued")
-    assert health.derive(bounds, run, T0 + s(10**5)) is Health.WAITING
+    assert _health(bounds, run, T0 + s(10**5)) is Health.WAITING
 
 
 def test_a_human_park_waits_within_its_budget_even_with_a_dead_heartbeat(
     bounds: Settings,
 ) -> None:
     run = _run(RunStatus.PARKED, park_reason=ParkReason.HUMAN.value, parked_since=T0)
-    assert health.derive(bounds, run, T0 + s(1)) is Health.WAITING
-    assert health.heartbeat_dead(bounds, run, T0 + s(bounds.heartbeat_timeout + 1))
-    assert health.derive(bounds, run, T0 + s(bounds.heartbeat_timeout + 1)) is Health.WAITING
-    assert health.derive(bounds, run, T0 + s(bounds.park_budget_human)) is Health.WAITING
+    assert _health(bounds, run, T0 + s(1)) is Health.WAITING
+    assert _judge(bounds, run, T0 + s(bounds.heartbeat_timeout + 1)).heartbeat_dead
+    assert _health(bounds, run, T0 + s(bounds.heartbeat_timeout + 1)) is Health.WAITING
+    assert _health(bounds, run, T0 + s(bounds.park_budget_human)) is Health.WAITING
     past = T0 + s(bounds.park_budget_human + 0.001)
-    assert health.park_expired(bounds, run, past)
-    assert health.derive(bounds, run, past) is Health.STALLED
+    assert _judge(bounds, run, past).park_expired
+    assert _health(bounds, run, past) is Health.STALLED
 
 
 @pytest.mark.parametrize("reason", [ParkReason.ENGINE_LIMIT, ParkReason.PLATFORM_INTERRUPT])
@@ -229,8 +264,8 @@ def test_a_polled_park_with_a_dead_heartbeat_is_stalled(
     bounds: Settings, reason: ParkReason
 ) -> None:
     run = _run(RunStatus.PARKED, park_reason=reason.value, parked_since=T0)
-    assert health.derive(bounds, run, T0 + s(1)) is Health.WAITING
-    assert health.derive(bounds, run, T0 + s(bounds.heartbeat_timeout + 1)) is Health.STALLED
+    assert _health(bounds, run, T0 + s(1)) is Health.WAITING
+    assert _health(bounds, run, T0 + s(bounds.heartbeat_timeout + 1)) is Health.STALLED
 
 
 def test_a_polled_park_past_its_budget_is_stalled_even_with_a_fresh_heartbeat(
@@ -243,8 +278,8 @@ def test_a_polled_park_past_its_budget_is_stalled_even_with_a_fresh_heartbeat(
         parked_since=T0,
         heartbeat_at=T0 + s(budget),
     )
-    assert health.derive(bounds, run, T0 + s(budget)) is Health.WAITING
-    assert health.derive(bounds, run, T0 + s(budget + 1)) is Health.STALLED
+    assert _health(bounds, run, T0 + s(budget)) is Health.WAITING
+    assert _health(bounds, run, T0 + s(budget + 1)) is Health.STALLED
 
 
 def test_a_waiting_until_beyond_the_budget_keeps_a_park_waiting(bounds: Settings) -> None:
@@ -256,33 +291,26 @@ def test_a_waiting_until_beyond_the_budget_keeps_a_park_waiting(bounds: Settings
         waiting_until=T0 + s(budget * 2),
         heartbeat_at=T0 + s(budget + 5),
     )
-    assert health.derive(bounds, run, T0 + s(budget + 6)) is Health.WAITING
-    assert not health.park_expired(bounds, run, T0 + s(budget * 2))
-    assert health.park_expired(bounds, run, T0 + s(budget * 2 + 1))
+    assert _health(bounds, run, T0 + s(budget + 6)) is Health.WAITING
+    assert not _judge(bounds, run, T0 + s(budget * 2)).park_expired
+    assert _judge(bounds, run, T0 + s(budget * 2 + 1)).park_expired
 
 
 def test_park_expired_is_false_for_a_run_that_is_not_parked(bounds: Settings) -> None:
     run = _run(RunStatus.RUNNING, park_reason="human", parked_since=T0 - s(10**6))
-    assert not health.park_expired(bounds, run, T0)
+    assert not _judge(bounds, run, T0).park_expired
 
 
 # -- explain (reads the same derivation) ---------------------------------------------------
 
 
 def _explained(settings: Settings, run: Run, now: datetime) -> str:
-    for name, value in {
-        "owner": "o",
-        "request_id": "q",
-        "fingerprint": "f",
-        "workflow_name": "w",
-        "workflow": {},
-        "args": {},
-        "task_ids": [],
-        "current_step": 0,
-        "needs_review": False,
-    }.items():
-        setattr(run, name, value)
-    text: str = explain(settings, to_record(settings, run, [], now), now)["text"]
+    judged = _judge(settings, run, now)
+    for name, value in _FILLED.items():
+        if getattr(run, name) is None:
+            setattr(run, name, value)
+    record = to_record(settings, run, [], now, health=judged.health)
+    text: str = explain(settings, record, judged, now)["text"]
     return text
 
 

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from orchestration.explain import explain
+from orchestration.health import Judged
 from orchestration.records import RunRecord, StepRecord
 from orchestration.settings import Settings
+from orchestration.states import Health
 from tests.unit.support import T0, make_settings, s
 
 
@@ -72,6 +74,10 @@ def _record(next_poll_at: datetime | None, now: datetime) -> RunRecord:
     )
 
 
+#: What the SQL judges of the working run of :func:`_record`.
+WORKING = Judged(Health.WORKING, heartbeat_dead=False, park_expired=False, approval_expired=False)
+
+
 @pytest.fixture
 def bounds(tmp_path: Path) -> Settings:
     return make_settings(tmp_path, queue="steps")
@@ -79,14 +85,14 @@ def bounds(tmp_path: Path) -> Settings:
 
 def test_a_poll_due_later_is_the_next_poll(bounds: Settings) -> None:
     now = T0 + s(10)
-    summary = explain(bounds, _record(now + s(5), now), now)
+    summary = explain(bounds, _record(now + s(5), now), WORKING, now)
     assert summary["next"] == f"the next poll at {(now + s(5)).isoformat(timespec='seconds')}"
 
 
 def test_a_poll_overdue_says_so_and_that_it_waits_for_a_worker(bounds: Settings) -> None:
     now = T0 + s(40)
     due = T0 + s(10)
-    summary = explain(bounds, _record(due, now), now)
+    summary = explain(bounds, _record(due, now), WORKING, now)
     assert summary["next"] == (
         f"the next poll, overdue since {due.isoformat(timespec='seconds')} (30s ago): "
         "it waits for a worker consuming queue 'steps'"
@@ -95,4 +101,4 @@ def test_a_poll_overdue_says_so_and_that_it_waits_for_a_worker(bounds: Settings)
 
 def test_a_poll_due_just_now_is_not_called_overdue(bounds: Settings) -> None:
     now = T0 + s(10)
-    assert "overdue" not in explain(bounds, _record(now - s(1), now), now)["next"]
+    assert "overdue" not in explain(bounds, _record(now - s(1), now), WORKING, now)["next"]

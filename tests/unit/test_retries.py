@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from orchestration import turns
+from orchestration import health, turns
+from orchestration.db import session_scope
 from orchestration.errors import LimitExceeded, ValidationError
 from orchestration.execution import Halt, Poll, Proceed, Stepper
 from orchestration.explain import explain
@@ -85,7 +86,11 @@ def test_a_failed_attempt_is_retried_after_its_backoff_and_the_third_succeeds(
     step = steps_of(settings, run_id)[0]
     assert (step.status, step.attempt, outcome) == ("retrying", 2, Poll(2.0, tick))
     assert step.retry_at == clock.now + timedelta(seconds=2)
-    said = explain(settings, Orchestrator(settings, None).get(run_id, owner="owner-1"), clock.now)
+    record = Orchestrator(settings, None).get(run_id, owner="owner-1")
+    with session_scope(settings.database_url) as session:
+        judged = health.judge(session, settings, run_id, clock.now)
+    assert judged is not None
+    said = explain(settings, record, judged, clock.now)
     assert "ended attempt 1 of 3 (failed: scripted failure)" in said["why"]
     # The latest end counts the attempts left: this one's timeout, then attempt 3's wait
     # (4 s) and its timeout.

@@ -16,7 +16,7 @@ index:
   snapshot, so a prune committing between two reads cannot count a run twice or not at all);
 * the cancel-to-terminal histogram over cancelled runs (``ix_runs_cancel_latency``), kept
   and completed the same way;
-* live runs by status, health (:func:`~orchestration.summaries.health_expression`, in SQL)
+* live runs by status, health (:func:`~orchestration.health.expression`, in SQL)
   and past ``deadline_at``: one ``GROUP BY`` over the live rows only (``ix_runs_live``);
 
 plus the sweeper's age (its one-row table).
@@ -46,6 +46,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import ColumnElement, case, func, select, true, union_all
 from sqlalchemy.engine import make_url
 
+from orchestration import health as judgement
 from orchestration import summaries
 from orchestration.db import session_scope, utcnow
 from orchestration.models import Run
@@ -177,7 +178,7 @@ class RunMetrics(Collector):
                     .group_by(PrunedRuns.bucket, pruned_settles),
                 )
             ).all()  # fmt: skip
-            health = summaries.health_expression(self.settings, now)
+            health = judgement.expression()
             live = [
                 (str(status), str(state), int(count), int(past))
                 for status, state, count, past in session.execute(
@@ -188,7 +189,8 @@ class RunMetrics(Collector):
                         func.coalesce(func.sum(case((Run.deadline_at < now, 1), else_=0)), 0),
                     )
                     .where(summaries.live())
-                    .group_by(Run.status, health)
+                    .group_by(Run.status, health),
+                    judgement.params(self.settings, now),
                 )
             ]
         settled = _Settled(cutoff, Counter(before.ended), list(before.latency))
