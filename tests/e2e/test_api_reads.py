@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
+from orchestration import health as judgement
 from orchestration import retention, status_triggers
 from orchestration.db import get_engine, session_scope, upgrade
 from orchestration.deadlines import park_expiry
