@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orchestration import definitions
 from orchestration.errors import IdempotencyConflict, OrchestrationError, ValidationError
-from orchestration.surfaces.api.auth import csrf_ok, csrf_value
+from orchestration.surfaces.api.auth import csrf_ok
 from orchestration.surfaces.api.dashboard import Signed, form_of, render, signed_in_as, to_login
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -133,7 +133,6 @@ async def _form(
         given=given,
         error=str(error) if error else None,
         error_field=field.removeprefix("args.") if field else None,
-        csrf=csrf_value(signed.token),
         request_id=given.get("request_id") or f"dashboard-{secrets.token_urlsafe(16)}",
     )
 

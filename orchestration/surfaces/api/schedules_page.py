@@ -9,7 +9,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from orchestration.errors import ValidationError
-from orchestration.surfaces.api.auth import csrf_ok, csrf_value
+from orchestration.surfaces.api.auth import csrf_ok
 from orchestration.surfaces.api.dashboard import form_of, render, signed_in_as, to_login
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -28,9 +28,7 @@ async def schedules_page(request: Request) -> Response:
         )  # fmt: skip
     now = signed.orch.clock()
     shown = await run_in_threadpool(lambda: signed.orch.schedules(owner=signed.owner))
-    return render(
-        "schedules.html", **signed.page(), schedules=shown, now=now, csrf=csrf_value(signed.token)
-    )
+    return render("schedules.html", **signed.page(), schedules=shown, now=now)
 
 
 async def _switch(request: Request, name: str, *, paused: bool) -> Response:
