@@ -29,6 +29,9 @@ from tests.e2e.conftest import ApiServer, make_token, scripted
 from tests.integration.conftest import Stack
 
 pytestmark = pytest.mark.e2e
+#: This deployment serves the dashboard over plain http on loopback: its cookies are not
+#: ``Secure``, so the httpx clients below (which honour the flag) keep them.
+STACK_SETTINGS = {"ORCH_DASHBOARD_PLAIN_HTTP": "true"}
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = shutil.which("chromium")
@@ -98,6 +101,16 @@ class Browser:
     def type_into(self, selector: str, text: str) -> None:
         self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
         self.call("Input.insertText", text=text)
+
+    def resize(self, width: int, height: int = 860) -> None:
+        """Lay the page out at ``width`` CSS pixels (a phone's viewport below 600)."""
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=width < 600,
+        )
 
     def screenshot(self, name: str) -> Path:
         ARTIFACTS.mkdir(exist_ok=True)
@@ -550,3 +563,94 @@ def test_every_page_has_no_serious_or_critical_axe_core_violation(
     found["fleet"] = _audit(browser, "fleet")
     orch.cancel(run.id, owner=owner)
     assert {name: bad for name, bad in found.items() if bad} == {}
+
+
+#: The widths every page is looked at: a laptop's and a phone's (CSS pixels).
+WIDTHS = {"laptop": 1366, "narrow": 390}
+
+
+def _look_at(browser: Browser, name: str) -> None:
+    """Keep a screenshot of the page at each of :data:`WIDTHS` (``page-NAME-WIDTH.png``), and
+    check that at none of them the page itself scrolls sideways (a wide table scrolls in its
+    own box)."""
+    for label, width in WIDTHS.items():
+        browser.resize(width)
+        overflow = browser.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, f"{name} at {width}px scrolls sideways by {overflow}px"
+        browser.screenshot(f"page-{name}-{label}.png")
+    browser.resize(WIDTHS["laptop"])
+
+
+#: Installed in every document before its own code runs: the policy's violations, kept.
+_RECORD_VIOLATIONS = (
+    "window.__violations = [];"
+    "document.addEventListener('securitypolicyviolation',"
+    " e => window.__violations.push(e.effectiveDirective + ' ' + e.blockedURI));"
+)
+
+
+def test_every_page_has_its_title_and_works_under_its_content_security_policy(
+    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    owner: str,
+) -> None:  # fmt: skip
+    flow = scripted([["running", 30.0]], name="pages")
+    flow["args_schema"] = {"type": "object", "properties": {"topic": {"type": "string"}}}
+    flow["schedule"] = {"cron": "0 0 1 1 *", "args": {"topic": "the year"}}  # shown, not fired
+    orch.register_workflow(flow, owner=owner)
+    run = orch.launch("pages", {"topic": "otters"}, owner=owner)
+    wait_for(lambda: orch.get(run.id, owner=owner).status == "running", 20)
+    watcher = browser.call("Page.addScriptToEvaluateOnNewDocument", source=_RECORD_VIOLATIONS)
+    try:
+        browser.open(f"{api.url}/dashboard/login")
+        assert browser.evaluate("document.title") == "Sign in · orchestration"
+        _look_at(browser, "login")
+        _sign_in(browser, api, make_token(stack, owner, "browser"))
+        with session_scope(stack.settings.database_url) as session:
+            operator = tokens.create(session, None, "pages", now=utcnow(), operator=True)
+        for signed_in, pages in (
+            (
+                None,
+                {
+                    "runs": ("/dashboard", "Runs"),
+                    "run": (f"/dashboard/runs/{run.id}", f"Run {run.id}"),
+                    "launch": ("/dashboard/launch", "Launch a run"),
+                    "schedules": ("/dashboard/schedules", "Schedules"),
+                    "not-found": ("/dashboard/runs/nope", "Not found"),
+                },
+            ),
+            (operator, {"fleet": ("/dashboard/fleet", "Fleet")}),
+        ):
+            if signed_in:
+                _sign_in(browser, api, signed_in)
+            for name, (path, title) in pages.items():
+                browser.open(f"{api.url}{path}")
+                assert browser.evaluate("document.title") == f"{title} · orchestration", name
+                # The stylesheet applied: it is the only place the header's colour is set.
+                assert browser.evaluate(
+                    "getComputedStyle(document.querySelector('header')).backgroundColor"
+                ) == "rgb(36, 41, 47)", name  # fmt: skip
+                _look_at(browser, name)
+                assert browser.evaluate("window.__violations") == [], name
+        # The live run page's script ran under the policy: it fetched the page again.
+        browser.open(f"{api.url}/dashboard/runs/{run.id}")
+        wait_for(
+            lambda: browser.evaluate(
+                "performance.getEntriesByType('resource')"
+                f".some(e => e.name.endsWith('/dashboard/runs/{run.id}'))"
+            ),
+            10,
+            what="the live update's fetch",
+        )
+        assert browser.evaluate("window.__violations") == []
+        # Sign out is a form with the session's CSRF value: it works from the page.
+        browser.mark()
+        browser.click("#sign-out")
+        browser.loaded()
+        assert browser.evaluate("location.pathname") == "/dashboard/login"
+        browser.open(f"{api.url}/dashboard")
+        assert browser.evaluate("location.pathname") == "/dashboard/login"
+    finally:
+        browser.call("Page.removeScriptToEvaluateOnNewDocument", identifier=watcher["identifier"])
+        orch.cancel(run.id, owner=owner)
