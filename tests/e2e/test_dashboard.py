@@ -654,3 +654,53 @@ def test_every_page_has_its_title_and_works_under_its_content_security_policy(
     finally:
         browser.call("Page.removeScriptToEvaluateOnNewDocument", identifier=watcher["identifier"])
         orch.cancel(run.id, owner=owner)
+
+
+#: The run page's steps table, row by row: each cell under the header of the column it
+#: starts in (colspans counted), and how many columns the row spans.
+_STEP_ROWS = """(() => {
+  const table = Array.from(document.querySelectorAll('table'))
+    .find(t => t.tHead && t.tHead.textContent.includes('Provider says'));
+  const heads = Array.from(table.tHead.rows[0].cells).map(c => c.textContent.trim());
+  return {heads: heads, rows: Array.from(table.tBodies[0].rows).map(r => {
+    const row = {kind: r.className, span: 0, cells: {}};
+    for (const c of r.cells) { row.cells[heads[row.span]] = c.innerText.trim(); row.span += c.colSpan; }
+    return row;
+  })};
+})()"""
+
+
+def test_past_attempts_line_up_with_the_steps_columns(
+    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    owner: str,
+) -> None:  # fmt: skip
+    flow = scripted(
+        [["completed"]],
+        name="flaky",
+        attempt_states=[[["running", 0.2], ["failed"]]],
+        error="the model was overloaded",
+    )
+    # The second attempt waits 30 s: the page shows the ended attempt and the next one.
+    flow["steps"][0]["retry"] = {"attempts": 2, "backoff": 30, "on": ["failed"]}
+    run = orch.launch(flow, owner=owner)
+    wait_for(
+        lambda: orch.get(run.id, owner=owner).steps[0].status == "retrying", 20, what="retrying"
+    )
+    _sign_in(browser, api, make_token(stack, owner, "browser"))
+    browser.open(f"{api.url}/dashboard/runs/{run.id}")
+    table = browser.evaluate(_STEP_ROWS)
+    width = len(table["heads"])
+    assert width == 8, table["heads"]
+    assert [row["span"] for row in table["rows"]] == [width] * 3, table["rows"]
+    current, ended, upcoming = table["rows"]
+    assert (current["cells"]["Step"], current["cells"]["Status"]) == ("s1", "retrying")
+    assert current["cells"]["Attempt"] == "2"
+    assert ended["kind"] == "past-attempt"
+    assert (ended["cells"]["#"], ended["cells"]["Step"]) == ("", "s1")
+    assert ended["cells"]["Status"].startswith("failed"), ended
+    assert ended["cells"]["Attempt"] == "1"
+    assert "the model was overloaded" in ended["cells"]["Output / error"]
+    assert (upcoming["cells"]["Step"], upcoming["cells"]["Attempt"]) == ("s1", "2")
+    assert upcoming["cells"]["Output / error"].startswith("starts at "), upcoming
+    _look_at(browser, "run-retrying")
+    orch.cancel(run.id, owner=owner)

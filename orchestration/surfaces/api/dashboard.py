@@ -79,7 +79,10 @@ def relative(now: datetime, when: datetime | None) -> str:
     return f"in {duration(delta)}" if delta >= 0 else f"{duration(delta)} ago"
 
 
-def stamp(when: datetime | None) -> str:
+def stamp(when: datetime | str | None) -> str:
+    """``2026-01-01 12:00:00`` (UTC), from a datetime or the ISO text a JSON column keeps."""
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
     return when.strftime("%Y-%m-%d %H:%M:%S") if when else "-"
 
 
