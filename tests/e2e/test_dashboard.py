@@ -664,7 +664,10 @@ _STEP_ROWS = """(() => {
   const heads = Array.from(table.tHead.rows[0].cells).map(c => c.textContent.trim());
   return {heads: heads, rows: Array.from(table.tBodies[0].rows).map(r => {
     const row = {kind: r.className, span: 0, cells: {}};
-    for (const c of r.cells) { row.cells[heads[row.span]] = c.innerText.trim(); row.span += c.colSpan; }
+    for (const c of r.cells) {
+      row.cells[heads[row.span]] = c.innerText.trim();
+      row.span += c.colSpan;
+    }
     return row;
   })};
 })()"""
@@ -704,3 +707,38 @@ def test_past_attempts_line_up_with_the_steps_columns(
     assert upcoming["cells"]["Output / error"].startswith("starts at "), upcoming
     _look_at(browser, "run-retrying")
     orch.cancel(run.id, owner=owner)
+
+
+def test_the_run_list_shows_top_level_runs_and_the_parent_page_lists_its_branches(
+    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    owner: str,
+) -> None:  # fmt: skip
+    branch = scripted([["completed"]])["steps"][0]
+    branch.pop("id")
+    branch["task"] = "about {{ item }}"
+    flow = {"name": "fan", "steps": [{"id": "fan", "for_each": "{{ args.items }}", "step": branch}]}
+    items = ["a", "b", "c", "d", "e"]
+    fan = orch.launch(flow, {"items": items}, owner=owner)
+    single = orch.launch(scripted([["completed"]], name="single"), owner=owner)
+    wait_for(lambda: orch.get(fan.id, owner=owner).status == "completed", 30, what="fan-out")
+    children = [b["run_id"] for b in orch.get(fan.id, owner=owner).steps[0].branches or []]
+    assert len(children) == len(items)
+    _sign_in(browser, api, make_token(stack, owner, "browser"))
+    listed = browser.evaluate(
+        "Array.from(document.querySelectorAll('tr[data-run-id]')).map(r => r.dataset.runId)"
+    )
+    assert listed == [single.id, fan.id]  # newest first; no branch run
+    count = f"tr[data-run-id='{fan.id}'] .branches"
+    assert browser.evaluate(f"document.querySelector({json.dumps(count)}).innerText") == (
+        "5 branch runs"
+    )
+    _look_at(browser, "runs-branches")
+    browser.mark()
+    browser.click(count)
+    browser.loaded()
+    assert browser.evaluate("location.pathname") == f"/dashboard/runs/{fan.id}"
+    linked = browser.evaluate(
+        "Array.from(document.querySelectorAll('#steps tr.branch a')).map(a => a.pathname)"
+    )
+    assert linked == [f"/dashboard/runs/{child}" for child in children]
+    _look_at(browser, "run-branches")

@@ -150,8 +150,9 @@ def runs_page(
     refresh: Annotated[int | None, Query(ge=2, le=3600)] = None,
     owner: Annotated[str | None, Query()] = None,
 ) -> Response:
-    """The caller's runs (an operator's: every owner's, ``owner`` filtering), newest first,
-    filterable by status and health."""
+    """The caller's top-level runs (an operator's: every owner's, ``owner`` filtering),
+    newest first, filterable by status and health, each with its branch count; branch runs
+    are listed on their parent's page."""
     signed_in = signed_in_as(request)
     if signed_in is None:
         return to_login()
@@ -169,6 +170,7 @@ def runs_page(
             health=health,
             limit=PAGE_SIZE,
             after=paging.start_key(cursor, None),
+            top_level=True,
         )
     except OrchestrationError as exc:
         runs, last, error = [], None, str(exc)
