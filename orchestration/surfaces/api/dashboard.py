@@ -237,7 +237,11 @@ def run_page(
 async def form_of(request: Request) -> dict[str, str]:
     """A urlencoded form, parsed here rather than through python-multipart: the body is
     already bounded by the BodyLimit middleware."""
-    fields = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=100)
+    fields = parse_qs(
+        (await request.body()).decode("utf-8", "replace"),
+        keep_blank_values=True,
+        max_num_fields=100,
+    )
     return {key: values[0] for key, values in fields.items()}
 
 
