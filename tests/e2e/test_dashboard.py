@@ -14,12 +14,14 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from orchestration import fleet
 from orchestration.db import session_scope, utcnow
+from orchestration.errors import ValidationError
 from orchestration.followups import Done
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
@@ -851,3 +853,85 @@ def test_the_launch_form_is_built_from_the_args_schema_with_errors_at_their_fiel
     }
     wait_for(lambda: orch.get(run_id, owner=owner).status == "completed", 30)
     assert orch.get(run_id, owner=owner).steps[0].input == "About otters, 3 deep"
+
+
+#: Owner-written text that would run, or break out of an attribute, if a page wrote it raw.
+HOSTILE = (
+    '"\'><script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+    "<svg onload=window.__pwned=3>"
+)
+#: Whether the page holds anything the text above would have made: a run flag, an element
+#: it would have added, or a script that is not the dashboard's own.
+_INJECTED = """({
+  pwned: window.__pwned === undefined ? null : window.__pwned,
+  elements: document.querySelectorAll('img, [onerror], [onload], svg:not(#phases)').length,
+  scripts: Array.from(document.scripts).map(s => s.getAttribute('src'))
+    .filter(src => src !== '/dashboard/static/live.js'),
+})"""
+
+
+def test_owner_written_text_is_inert_on_every_page(
+    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    owner: str,
+) -> None:  # fmt: skip
+    # A workflow name, an output and an error, all written by the owner.
+    flow = scripted([["completed"]], name=f"name {HOSTILE}", output={"said": HOSTILE})
+    flow["steps"].append(
+        {**flow["steps"][0], "id": "s2", "with": {"states": [["failed"]], "error": HOSTILE}}
+    )
+    failed = orch.launch(flow, owner=owner)
+    asking = orch.launch(
+        {
+            "name": "ask",
+            "steps": [{"id": "ask", "approval": {"prompt": f"Ship {HOSTILE}?", "expires_in": 600}}],
+        },
+        owner=owner,
+    )
+    # A step id cannot hold it: refused at launch, never stored.
+    with pytest.raises(ValidationError) as refused:
+        orch.launch(scripted([["completed"]], step_id=HOSTILE), owner=owner)
+    assert refused.value.field == "steps[0].id"
+    # An args_schema: a property's name, description, enum values and default.
+    schema_flow = scripted([["completed"]], name="schema")
+    schema_flow["args_schema"] = {
+        "type": "object",
+        "properties": {
+            HOSTILE: {"type": "string", "description": HOSTILE, "default": HOSTILE},
+            "pick": {"enum": [HOSTILE, "plain"]},
+        },
+    }
+    orch.register_workflow(schema_flow, owner=owner)
+    wait_for(lambda: orch.get(failed.id, owner=owner).status == "failed", 30, what="failed")
+    wait_for(lambda: orch.get(asking.id, owner=owner).status == "parked", 30, what="parked")
+    token = make_token(stack, owner, "browser")
+    _sign_in(browser, api, token)
+    for name, path in (
+        ("runs", "/dashboard"),
+        ("failed", f"/dashboard/runs/{failed.id}"),
+        ("approval", f"/dashboard/runs/{asking.id}"),
+        ("launch", "/dashboard/launch?workflow=schema"),
+    ):
+        browser.open(f"{api.url}{path}")
+        assert browser.evaluate(_INJECTED) == {"pwned": None, "elements": 0, "scripts": []}, name
+        assert HOSTILE in browser.evaluate("document.body.innerText"), name  # shown, as text
+        _look_at(browser, f"hostile-{name}")
+    launch = browser.evaluate(
+        "Array.from(document.querySelectorAll('#launch-form [name^=\"arg.\"]')).map(e => "
+        "[e.name, e.value, e.options ? Array.from(e.options).map(o => o.value) : null])"
+    )
+    assert launch == [[f"arg.{HOSTILE}", HOSTILE, None], ["arg.pick", "", ["", HOSTILE, "plain"]]]
+    # A step id in a URL comes back in an error page's message: as text too. (A path
+    # segment holds no "/", so this one closes no tag.)
+    step_id = '"\'><img src=x onerror="window.__pwned=2">'
+    with httpx.Client(base_url=api.url, cookies={"orch_token": token}) as client:
+        page = client.get(f"/dashboard/runs/{asking.id}").text
+        csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        for url, form in (
+            (f"/dashboard/runs/{asking.id}/steps/{quote(step_id, safe='')}/approval", {}),
+            (f"/dashboard/runs/{failed.id}/rerun", {"from_step": step_id}),
+        ):
+            reply = client.post(url, data={"csrf": csrf, **form})
+            assert reply.status_code in (404, 409), (url, reply.status_code, reply.text)
+            assert "&lt;img src=x onerror=" in reply.text, reply.text
+            assert "<img" not in reply.text
+    orch.cancel(asking.id, owner=owner)
