@@ -599,9 +599,13 @@ _RECORD_VIOLATIONS = (
 
 
 def test_every_page_has_its_title_and_works_under_its_content_security_policy(
-    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
     owner: str,
-) -> None:  # fmt: skip
+) -> None:
     flow = scripted([["running", 30.0]], name="pages")
     flow["args_schema"] = {"type": "object", "properties": {"topic": {"type": "string"}}}
     flow["schedule"] = {"cron": "0 0 1 1 *", "args": {"topic": "the year"}}  # shown, not fired
@@ -635,9 +639,12 @@ def test_every_page_has_its_title_and_works_under_its_content_security_policy(
                 browser.open(f"{api.url}{path}")
                 assert browser.evaluate("document.title") == f"{title} · orchestration", name
                 # The stylesheet applied: it is the only place the header's colour is set.
-                assert browser.evaluate(
-                    "getComputedStyle(document.querySelector('header')).backgroundColor"
-                ) == "rgb(36, 41, 47)", name  # fmt: skip
+                assert (
+                    browser.evaluate(
+                        "getComputedStyle(document.querySelector('header')).backgroundColor"
+                    )
+                    == "rgb(36, 41, 47)"
+                ), name
                 _look_at(browser, name)
                 assert browser.evaluate("window.__violations") == [], name
         # The live run page's script ran under the policy: it fetched the page again.
@@ -681,9 +688,13 @@ _STEP_ROWS = """(() => {
 
 
 def test_past_attempts_line_up_with_the_steps_columns(
-    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
     owner: str,
-) -> None:  # fmt: skip
+) -> None:
     flow = scripted(
         [["completed"]],
         name="flaky",
@@ -717,9 +728,13 @@ def test_past_attempts_line_up_with_the_steps_columns(
 
 
 def test_the_run_list_shows_top_level_runs_and_the_parent_page_lists_its_branches(
-    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
     owner: str,
-) -> None:  # fmt: skip
+) -> None:
     branch = scripted([["completed"]])["steps"][0]
     branch.pop("id")
     branch["task"] = "about {{ item }}"
@@ -788,9 +803,13 @@ _FIELDS = """Array.from(document.querySelectorAll('.field[data-field]')).map(box
 
 
 def test_the_launch_form_is_built_from_the_args_schema_with_errors_at_their_fields(
-    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
     owner: str,
-) -> None:  # fmt: skip
+) -> None:
     orch.register_workflow(_schema_flow(), owner=owner)
     _sign_in(browser, api, make_token(stack, owner, "browser"))
     browser.open(f"{api.url}/dashboard/launch?workflow=kinds")
@@ -871,9 +890,13 @@ _INJECTED = """({
 
 
 def test_owner_written_text_is_inert_on_every_page(
-    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
     owner: str,
-) -> None:  # fmt: skip
+) -> None:
     # A workflow name, an output and an error, all written by the owner.
     flow = scripted([["completed"]], name=f"name {HOSTILE}", output={"said": HOSTILE})
     flow["steps"].append(

@@ -200,9 +200,15 @@ def test_every_wrong_field_is_shown_at_once_and_nothing_is_launched(settings: Se
     assert done.status_code == 303, done.text
     run = orch.get(done.headers["location"].rsplit("/", 1)[1], owner=OWNER)
     assert run.args == {
-        "topic": "otters", "depth": 3, "ratio": 0.75, "tone": "dry", "level": 3, "flag": False,
-        "tags": ["a"], "limits": {},
-    }  # fmt: skip
+        "topic": "otters",
+        "depth": 3,
+        "ratio": 0.75,
+        "tone": "dry",
+        "level": 3,
+        "flag": False,
+        "tags": ["a"],
+        "limits": {},
+    }
 
 
 def test_an_error_of_the_whole_launch_goes_to_the_field_it_names(settings: Settings) -> None:

@@ -262,14 +262,20 @@ async def _posted(
     form = await form_of(request)
     if not csrf_ok(signed_in.token, form.get("csrf", "")):
         return render(
-            "error.html", 403, **signed_in.page(), title="Refused",
+            "error.html",
+            403,
+            **signed_in.page(),
+            title="Refused",
             message="the form is stale or came from another site; reload the run page",
-        )  # fmt: skip
+        )
     if signed_in.operator and not operator_may:
         return render(
-            "error.html", 403, **signed_in.page(), title="Refused",
+            "error.html",
+            403,
+            **signed_in.page(),
+            title="Refused",
             message="an operator cancels runs; approving and rerunning are the owner's",
-        )  # fmt: skip
+        )
     by = f"operator {signed_in.operator}" if signed_in.operator else None
     try:
         owner = await run_in_threadpool(signed_in.owner_of, run_id)

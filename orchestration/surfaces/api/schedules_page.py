@@ -23,9 +23,12 @@ async def schedules_page(request: Request) -> Response:
         return to_login()
     if signed.operator:
         return render(
-            "error.html", 403, **signed.page(), title="Refused",
+            "error.html",
+            403,
+            **signed.page(),
+            title="Refused",
             message="schedules belong to their owner; sign in with the owner's token",
-        )  # fmt: skip
+        )
     now = signed.orch.clock()
     shown = await run_in_threadpool(lambda: signed.orch.schedules(owner=signed.owner))
     return render("schedules.html", **signed.page(), schedules=shown, now=now)
@@ -39,14 +42,20 @@ async def _switch(request: Request, name: str, *, paused: bool) -> Response:
     form = await form_of(request)
     if signed.operator:
         return render(
-            "error.html", 403, **signed.page(), title="Refused",
+            "error.html",
+            403,
+            **signed.page(),
+            title="Refused",
             message="schedules are paused and resumed by their owner",
-        )  # fmt: skip
+        )
     if not csrf_ok(signed.token, form.get("csrf", "")):
         return render(
-            "error.html", 403, **signed.page(), title="Refused",
+            "error.html",
+            403,
+            **signed.page(),
+            title="Refused",
             message="the form is stale or came from another site; reload the schedules page",
-        )  # fmt: skip
+        )
     switch = signed.orch.pause_schedule if paused else signed.orch.resume_schedule
     try:
         await run_in_threadpool(lambda: switch(name, owner=signed.owner))
