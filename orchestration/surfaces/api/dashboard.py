@@ -236,7 +236,8 @@ def run_page(
 
 async def form_of(request: Request) -> dict[str, str]:
     """A urlencoded form, parsed here rather than through python-multipart: the body is
-    already bounded by the BodyLimit middleware."""
+    already bounded by the BodyLimit middleware. A field sent empty is kept as ``""`` (the
+    launch form shows it empty again rather than refilling its default)."""
     fields = parse_qs(
         (await request.body()).decode("utf-8", "replace"),
         keep_blank_values=True,
