@@ -7,6 +7,7 @@ fails) keeps the error text as its rows' result; the other contestants go on.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import uuid
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 
 from bench import stats
 from bench.peers import venv
-from bench.peers.driver import Driver, DriverError
+from bench.peers.driver import DRIVERS, Driver, DriverError
 from bench.scratch import fresh_database
 
 #: Seconds a driver has to start and warm up (Prefect's first flow starts its server).
@@ -32,6 +33,7 @@ class Row:
     key: str
     peer: str
     label: str
+    short: str
     mode: str
     links: int
     how: str = ""
@@ -51,7 +53,7 @@ class Row:
 
     def result(self, interleaved: bool) -> dict[str, Any]:
         """The report's entry: per-link seconds over the chains timed, or why there are none."""
-        head = {"peer": self.peer, "label": self.label}
+        head = {"peer": self.peer, "label": self.label, "short": self.short}
         if self.error is not None:
             return {**head, "skipped": self.error}
         return {
@@ -65,14 +67,16 @@ class Row:
         }
 
 
-class DrivenPeer:
+class DrivenPeer(abc.ABC):
     """A peer in its virtualenv, its driver up from :meth:`start` to :meth:`close`."""
 
-    name = ""
-    requirement = ""
-    module = ""
-    script = ""
-    ok_status = ""
+    #: The peer's name in the report, what ``pip`` installs, a module that shows it is there.
+    name: str
+    requirement: str
+    module: str
+    #: The driver run with the virtualenv's python, and the status of a chain that worked.
+    script: Path
+    ok_status: str
     #: Environment variables of the peer's own that this process's must not pass on.
     env_prefixes: tuple[str, ...] = ()
 
@@ -84,18 +88,19 @@ class DrivenPeer:
         self._driver: Driver | None = None
         self._stack = contextlib.ExitStack()
 
+    @abc.abstractmethod
     def make_rows(self) -> list[Row]:
-        raise NotImplementedError
+        """The rows this peer gives, one per way its chain runs."""
 
+    @abc.abstractmethod
     def prepare(self, admin_url: str) -> tuple[list[str], dict[str, str]]:
         """The driver's arguments and extra environment (databases made here are dropped at
         :meth:`close`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def describe(self, ready: dict[str, Any]) -> str | None:
         """Fill the rows' ``how`` from the driver's ready payload; an error text when what
         started is not what the bench measures."""
-        raise NotImplementedError
 
     def start(self, admin_url: str) -> None:
         """Make the virtualenv, start the driver and wait for it to be warm."""
@@ -111,7 +116,7 @@ class DrivenPeer:
     def _start(self, admin_url: str) -> str | None:
         args, extra = self.prepare(admin_url)
         env = {**venv.environment(self.venv, drop_prefixes=self.env_prefixes), **extra}
-        log = self.folder / f"{self.script.removesuffix('.py')}.log"
+        log = self.folder / f"{self.script.stem}.log"
         self._driver = Driver(venv.python(self.venv), self.script, args, env, log)
         self._stack.callback(self._driver.close)
         ready = self._driver.wait_ready(START_TIMEOUT_S)
@@ -155,14 +160,14 @@ class DBOSPeer(DrivenPeer):
     name = "DBOS Transact"
     requirement = "dbos"
     module = "dbos"
-    script = "dbos_chain.py"
+    script = DRIVERS / "dbos_chain.py"
     ok_status = "SUCCESS"
     env_prefixes = ("DBOS_",)
 
     def make_rows(self) -> list[Row]:
         return [
-            Row("dbos_queue", self.name, "through its queue", "queue", self.links),
-            Row("dbos_in_process", self.name, "called in-process", "call", self.links),
+            Row("dbos_queue", self.name, "through its queue", "DBOS queue", "queue", self.links),
+            Row("dbos_in_process", self.name, "called in-process", "DBOS call", "call", self.links),
         ]
 
     def prepare(self, admin_url: str) -> tuple[list[str], dict[str, str]]:
@@ -189,7 +194,7 @@ class PrefectPeer(DrivenPeer):
     name = "Prefect"
     requirement = "prefect>=3,<4"
     module = "prefect"
-    script = "prefect_chain.py"
+    script = DRIVERS / "prefect_chain.py"
     ok_status = "COMPLETED"
     env_prefixes = ("PREFECT_",)
 
@@ -198,7 +203,7 @@ class PrefectPeer(DrivenPeer):
         self.database_kind = database
 
     def make_rows(self) -> list[Row]:
-        return [Row("prefect", self.name, "tasks in a flow", "flow", self.links)]
+        return [Row("prefect", self.name, "tasks in a flow", "Prefect", "flow", self.links)]
 
     def prepare(self, admin_url: str) -> tuple[list[str], dict[str, str]]:
         home = self.folder / "prefect-home"

@@ -27,16 +27,16 @@ class DriverError(RuntimeError):
 
 
 class Driver:
-    """One driver process (``drivers/<script>`` run by ``python``) and its protocol lines."""
+    """One driver process (``script`` run by ``python``) and its protocol lines."""
 
     def __init__(
-        self, python: Path, script: str, args: list[str], env: dict[str, str], log: Path
+        self, python: Path, script: Path, args: list[str], env: dict[str, str], log: Path
     ) -> None:
         self.log = log
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._log_file = log.open("ab")
         self.process = subprocess.Popen(
-            [str(python), str(DRIVERS / script), *args],
+            [str(python), str(script), *args],
             env=env,
             cwd=log.parent,
             stdin=subprocess.PIPE,
@@ -46,7 +46,8 @@ class Driver:
             start_new_session=True,
         )
         assert self.process.stdout is not None
-        threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
+        self._reader = threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True)
+        self._reader.start()
 
     def _read(self, stream: IO[str]) -> None:
         for line in stream:
@@ -110,6 +111,9 @@ class Driver:
                 self.process.wait()
         finally:
             self._signal(signal.SIGTERM)
+            self._reader.join(10)
+            if self.process.stdout is not None and not self._reader.is_alive():
+                self.process.stdout.close()
             self._log_file.close()
 
     def _signal(self, signum: int) -> None:
