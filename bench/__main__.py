@@ -63,7 +63,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--peers",
         default=",".join(lineup.NAMES),
-        help="comma-separated peers item 1 times (with `peer` wanted): " + ",".join(lineup.NAMES),
+        help="the peers item 1 times when `peer` is wanted, comma-separated (default: all of "
+        + ",".join(lineup.NAMES)
+        + ")",
     )
     parser.add_argument(
         "--prefect-database",

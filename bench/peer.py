@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 
 from bench import stats
-from bench.peers import venv
+from bench.peers.venv import ensure
 from bench.scratch import fresh_database
 from bench.stack import WORKER_FLAGS
 
@@ -86,7 +86,7 @@ class Director:
         self._stack.close()
 
     def _start(self) -> None:
-        self.skipped = venv.ensure(self.venv, "celery-director", "director")
+        self.skipped = ensure(self.venv, "celery-director", "director")
         if self.skipped is not None:
             return
         self.versions = _versions(self.venv)
