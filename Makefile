@@ -33,6 +33,8 @@ chaos: install
 chaos-ci: install
 	$(VENV)/bin/pytest -m chaos tests/chaos
 
+# Item 1 also times the peers (celery-director, DBOS Transact, Prefect 3), each from its own
+# virtualenv, made with pip on first use (`python -m bench --help`: --*-venv, --peers).
 bench: install
 	$(VENV)/bin/pip install -q -e '.[test,bench]'
 	$(PY) -m bench --report bench-results/report.json

@@ -35,7 +35,6 @@ from bench import (
     launch,
     messages,
     overhead,
-    peer,
     profiling,
     report,
     scale,
@@ -43,6 +42,7 @@ from bench import (
     sweep,
     targets,
 )
+from bench.peers import lineup
 from bench.stack import ROOT, Stack, claim_redis, make_stack, release_redis, remove_tree
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
@@ -58,6 +58,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--redis", default=DEFAULT_REDIS, help="a Redis db the bench may flush")
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="admin URL; makes its DBs")
     parser.add_argument("--director-venv", type=Path, default=Path("/tmp/director-venv"))
+    parser.add_argument("--dbos-venv", type=Path, default=Path("/tmp/dbos-venv"))
+    parser.add_argument("--prefect-venv", type=Path, default=Path("/tmp/prefect-venv"))
+    parser.add_argument(
+        "--peers",
+        default=",".join(lineup.NAMES),
+        help="the peers item 1 times when `peer` is wanted, comma-separated (default: all of "
+        + ",".join(lineup.NAMES)
+        + ")",
+    )
+    parser.add_argument(
+        "--prefect-database",
+        choices=lineup.PREFECT_DATABASES,
+        default="sqlite",
+        help="the database of Prefect's ephemeral server: SQLite (Prefect's default) or a "
+        "fresh one on --postgres",
+    )
     parser.add_argument("--quick", action="store_true", help="skip the 1,000,000-row sweep")
     parser.add_argument(
         "--baseline", type=Path, default=BASELINE, help="the before figures of the targets"
@@ -71,7 +87,21 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated subset: "
         "overhead,hop,scale,cancel,fanout,sweep,launch,peer,profile,messages",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.peers.split(",")) - set(lineup.NAMES) - {""})
+    if unknown:
+        parser.error(f"--peers: unknown {', '.join(unknown)}; known: {', '.join(lineup.NAMES)}")
+    return args
+
+
+def _peer_options(args: argparse.Namespace) -> lineup.Options:
+    return lineup.Options(
+        names=tuple(name for name in args.peers.split(",") if name),
+        director_venv=args.director_venv,
+        dbos_venv=args.dbos_venv,
+        prefect_venv=args.prefect_venv,
+        prefect_database=args.prefect_database,
+    )
 
 
 class Runner:
@@ -197,22 +227,26 @@ def main(argv: list[str] | None = None) -> int:
                 stack.start_worker()
                 if run.wanted("overhead"):
                     with contextlib.ExitStack() as up:
-                        director = None
+                        peers = None
                         if run.wanted("peer"):
-                            director = up.enter_context(
-                                peer.Director(
-                                    args.director_venv, args.postgres, args.redis, tmp, 200
+                            peers = up.enter_context(
+                                lineup.started(
+                                    _peer_options(args), args.postgres, args.redis, tmp, 200
                                 )
                             )
                         run.item(
                             "step_overhead:200",
                             lambda: overhead.step_overhead(
-                                stack, 200, repeats=3, bare_repeats=5, director=director
+                                stack,
+                                200,
+                                repeats=3,
+                                bare_repeats=5,
+                                peers=peers.contestants() if peers is not None else (),
                             ),
                             into="step_overhead",
                         )
-                        if director is not None:
-                            run.results["peer"] = director.result(interleaved=True)
+                        if peers is not None:
+                            run.results.update(peers.results(interleaved=True))
                     run.item(
                         "step_overhead:20",
                         lambda: overhead.step_overhead(stack, 20, repeats=3, bare_repeats=5),
@@ -306,8 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         if run.wanted("peer") and not run.wanted("overhead"):
             run.item(
                 "peer",
-                lambda: peer.run(args.director_venv, args.postgres, args.redis, tmp, 200, 3),
+                lambda: lineup.run_alone(
+                    _peer_options(args), args.postgres, args.redis, tmp, 200, 3
+                ),
             )
+            # The item's value holds the report's ``peer`` and ``peers`` entries.
+            run.results.update(run.results.pop("peer", {}))
         if run.wanted("sweep"):
             sizes = [0, 10_000, 100_000] + ([] if args.quick else [1_000_000])
             run.item(

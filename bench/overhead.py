@@ -3,8 +3,9 @@
 * Step overhead: a run of ``links`` scripted steps that finish at once (``[["completed"]]``,
   ``poll_interval`` 0.01 s) against a bare chain of ``links`` no-op tasks, both timed from the
   send to the end (the run's row terminal; the bare chain's last task's ``RPUSH``). Repeats
-  are taken in rounds of one of each (and one of celery-director's, item 7, at 200 links),
-  each round starting with a different one, so drift on the shared machine hits them alike.
+  are taken in rounds of one of each (and, at 200 links, one chain of each peer's:
+  celery-director, DBOS Transact, Prefect; ``bench.peers``), each round starting with a
+  different one (``bench.rounds``), so drift on the shared machine hits them alike.
 * Poll hop: one step that keeps polling with a fixed countdown against a bare task that
   ``self.retry``-s with the same countdown, the hop being the interval between two executions
   of the same task id in the worker's trace.
@@ -15,12 +16,13 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 from celery import chain
 
-from bench import engine, peer, stats, trace
+from bench import engine, rounds, stats, trace
 from bench.names import LOOP, MARK, NOOP
 from bench.stack import Stack
 from orchestration.runtime.celery_config import STEP_TASK
@@ -59,10 +61,11 @@ def step_overhead(
     links: int,
     repeats: int,
     bare_repeats: int,
-    director: peer.Director | None = None,
+    peers: Sequence[Callable[[], None]] = (),
 ) -> dict[str, Any]:
-    """Item 1: per-link seconds, engine and bare (and ``director``'s, when given), median
-    over repeats taken in rounds, each round in a different order."""
+    """Item 1: per-link seconds, engine and bare, median over repeats taken in rounds, each
+    round in a different order; ``peers`` each time one chain of a peer in every round that
+    times the engine (they keep their own figures)."""
     bare_chain(stack, 10)  # warm both paths (imports, connections) before timing
     engine_chain(stack, 2)
     bare: list[float] = []
@@ -78,14 +81,8 @@ def step_overhead(
         run_ids.append(run_id)
 
     since = time.time()
-    for index in range(max(repeats, bare_repeats)):
-        contestants = [time_bare] if index < bare_repeats else []
-        if index < repeats:
-            contestants.append(time_engine)
-            if director is not None:
-                contestants.append(director.time_chain)
-        shift = index % len(contestants)
-        for contestant in contestants[shift:] + contestants[:shift]:
+    for contestants in rounds.schedule(repeats, bare_repeats, time_bare, [time_engine, *peers]):
+        for contestant in contestants:
             contestant()
     rows = trace.read(stack.trace_dir, since)
     in_engine = [row for row in rows if row.name == STEP_TASK and row.first_arg in run_ids]

@@ -2,15 +2,16 @@
 
 celery-director 0.10.0 pins ``celery==5.5.1`` and cannot be installed beside this project's
 Celery 5.7, so it runs from its own virtualenv (``--director-venv``, created with
-``pip install celery-director`` when missing). Its worker runs on the same Redis, with the
-same flags (prefork, ``-c 2``, ``acks_late``, prefetch 1, JSON), its database is a fresh
-PostgreSQL database, and its chain has the same number of task links. Director wraps every
-chain in a ``start`` and an ``end`` task, and its ``end`` task sleeps 0.5 s before closing the
-workflow (``director/tasks/workflows.py``); the per-link figure is quoted with and without it.
+``pip install celery-director`` when missing, :mod:`bench.peers.venv`). Its worker runs on
+the same Redis, with the same flags (prefork, ``-c 2``, ``acks_late``, prefetch 1, JSON), its
+database is a fresh PostgreSQL database, and its chain has the same number of task links.
+Director wraps every chain in a ``start`` and an ``end`` task, and its ``end`` task sleeps
+0.5 s before closing the workflow (``director/tasks/workflows.py``); the per-link figure is
+quoted with and without it.
 
-With item 1 in the same run, director's chains are timed in item 1's rounds, between the
-engine's and the bare chain's (:class:`Director` keeps its worker up meanwhile): the ratio
-then compares chains run minutes apart at most seconds apart.
+With item 1 in the same run, director's chains are timed in item 1's rounds, beside the
+engine's, the bare chain's and the other peers' (``bench.peers.lineup``; :class:`Director`
+keeps its worker up meanwhile): the ratio then compares chains run seconds apart.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,34 +30,13 @@ from typing import Any
 import psutil
 
 from bench import stats
+from bench.peers.venv import ensure
 from bench.scratch import fresh_database
 from bench.stack import WORKER_FLAGS
 
 HERE = Path(__file__).resolve().parent / "director"
 #: Director's ``end`` task sleeps this long before it marks the workflow done.
 END_SLEEP_S = 0.5
-
-
-def ensure_venv(venv: Path) -> str | None:
-    """The director virtualenv's python, installing it when missing; ``None`` and the error
-    text in the report when it cannot be had."""
-    python = venv / "bin" / "python"
-    if (venv / "bin" / "celery").exists():
-        return None
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "celery-director"],
-            check=True,
-            timeout=600,
-            capture_output=True,
-            text=True,
-        )
-    except subprocess.CalledProcessError as exc:
-        return f"pip install celery-director failed: {(exc.stderr or '')[-2000:]}"
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"could not create {venv}: {exc}"
-    return None
 
 
 def _home(folder: Path, database_url: str, broker_url: str, queue: str, links: int) -> Path:
@@ -107,7 +86,7 @@ class Director:
         self._stack.close()
 
     def _start(self) -> None:
-        self.skipped = ensure_venv(self.venv)
+        self.skipped = ensure(self.venv, "celery-director", "director")
         if self.skipped is not None:
             return
         self.versions = _versions(self.venv)
@@ -189,16 +168,6 @@ class Director:
                 [(s - END_SLEEP_S) / self.links for s in self.seconds]
             ),
         }
-
-
-def run(
-    venv: Path, admin_url: str, broker_url: str, folder: Path, links: int, repeats: int
-) -> dict[str, Any]:
-    """Director on its own (without item 1): per-link seconds, median over ``repeats``."""
-    with Director(venv, admin_url, broker_url, folder, links) as director:
-        for _ in range(repeats):
-            director.time_chain()
-        return director.result(interleaved=False)
 
 
 def _versions(venv: Path) -> dict[str, str]:

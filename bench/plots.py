@@ -17,7 +17,7 @@ def plots(report: dict[str, Any], docs: Path) -> list[str]:
     overhead = report.get("step_overhead") or {}
     hops = report.get("poll_hop") or {}
     if overhead or hops:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
         labels, values, colors = [], [], []
         for links, data in sorted(overhead.items(), key=lambda kv: int(kv[0])):
             labels += [f"bare\n{links} links", f"engine\n{links} links"]
@@ -31,7 +31,13 @@ def plots(report: dict[str, Any], docs: Path) -> list[str]:
             labels.append(f"director\n{peer['links']} links*")
             values.append(peer["per_link_without_end_sleep_s"]["median"] * 1000)
             colors.append("tab:orange")
+        for entry in (report.get("peers") or {}).values():
+            if "per_link_s" in entry:
+                labels.append(f"{entry.get('short', entry['peer'])}\n{entry['links']} links")
+                values.append(entry["per_link_s"]["median"] * 1000)
+                colors.append("tab:purple")
         axes[0].bar(labels, values, color=colors)
+        axes[0].tick_params(axis="x", labelsize=8)
         axes[0].set_yscale("log")
         axes[0].set_ylabel("ms per link (median, log scale)")
         axes[0].set_title("Step overhead per chain link (*: without its 0.5 s end sleep)")
@@ -48,7 +54,7 @@ def plots(report: dict[str, Any], docs: Path) -> list[str]:
         axes[1].set_title("Poll hop by countdown")
         for index, value in enumerate(values):
             axes[1].annotate(f"{value:.1f}", (index, value), ha="center", va="bottom", fontsize=8)
-        fig.suptitle("Engine against bare Celery, same worker (shared 2-core machine)")
+        fig.suptitle("Engine against bare Celery and its peers, same run (shared 2-core machine)")
         fig.tight_layout()
         path = docs / "benchmarks-overhead.png"
         fig.savefig(path, dpi=110)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from bench.fmt import num, ratio, table, verdict
+from bench.peers import table as peer_table
 
 
 def overhead(report: dict[str, Any]) -> str:
     item = report.get("step_overhead")
+    peers = peer_table.render(report)
     if not item:
-        return "_not measured (see errors)_"
+        return "_not measured (see errors)_" + (f"\n\n{peers}" if peers else "")
     rows = []
     for links, data in sorted(item.items(), key=lambda kv: int(kv[0])):
         rows.append(
@@ -26,7 +28,6 @@ def overhead(report: dict[str, Any]) -> str:
                 f"{data['engine_per_link_s']['n']} / {data['bare_per_link_s']['n']}",
             ]
         )
-    peer = report.get("peer") or {}
     text = table(
         [
             "links",
@@ -41,28 +42,7 @@ def overhead(report: dict[str, Any]) -> str:
         ],
         rows,
     )
-    if "per_link_s" in peer:
-        base = item.get(str(peer["links"]), {}).get("bare_per_link_s", {}).get("median")
-        text += (
-            f"\n\nPeer, celery-director {peer['versions'].get('celery-director')} "
-            f"(Celery {peer['versions'].get('celery')}, own virtualenv, same Redis and "
-            f"worker flags, PostgreSQL): {num(peer['per_link_s']['median'], 'ms')} per link "
-            f"over {peer['links']} links "
-            f"({num(peer['per_link_without_end_sleep_s']['median'], 'ms')} without the "
-            "fixed 0.5 s sleep in its `end` task), "
-            f"{num(ratio(peer['per_link_without_end_sleep_s']['median'], base), 'x')} the "
-            "bare chain measured in the same run; median of "
-            f"{peer['per_link_s']['n']} runs"
-            + (
-                ", timed in the same rounds as the engine's and the bare chains (each round "
-                "starting with a different one)."
-                if peer.get("interleaved_with_engine")
-                else ", timed after the engine's, on their own."
-            )
-        )
-    elif peer:
-        text += f"\n\nPeer (celery-director): not measured: {peer.get('skipped')}"
-    return text
+    return text + (f"\n\n{peers}" if peers else "")
 
 
 def hops(report: dict[str, Any]) -> str:

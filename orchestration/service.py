@@ -108,8 +108,10 @@ class Orchestrator:
         health: str | None = None,
         limit: int = 50,
         before: datetime | None = None,
+        top_level: bool = False,
     ) -> builtins.list[RunSummary]:
-        """:meth:`list` across owners (``owner=None``): for the operator's surfaces only."""
+        """:meth:`list` across owners (``owner=None``): for the operator's surfaces only.
+        ``top_level`` leaves branch runs out and counts each run's branches (the dashboard)."""
         summaries.check_filters(status, health, limit, MAX_PAGE)
         now = self.clock()
         return self.transact(
@@ -123,6 +125,7 @@ class Orchestrator:
                     health=health,
                     limit=limit,
                     before=before,
+                    top_level=top_level,
                 )
             )
         )

@@ -148,6 +148,10 @@ class Settings(TenantLimits):
     otel_endpoint: str | None = None
     #: Seconds between two passes of the schedules (``every:`` shorter than this fires late).
     schedule_interval: float = Field(5.0, gt=0)
+    #: The dashboard is reached over plain http on loopback (a developer's machine, the
+    #: tests): its cookies are then not marked ``Secure``. Otherwise they always are, also
+    #: when a proxy that ends TLS hands the app plain http.
+    dashboard_plain_http: bool = False
 
     @field_validator("otel_endpoint")
     @classmethod

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import ColumnElement, and_, bindparam, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from orchestration import health as judgement
 from orchestration.errors import ValidationError
@@ -69,6 +69,13 @@ class RunSummary(BaseModel):
     concurrency_key: str | None
     claim: str | None
     needs_review: bool
+
+
+class ParentSummary(RunSummary):
+    """A top-level run as the dashboard lists it: its summary, and how many branch runs its
+    ``for_each`` and ``parallel`` steps made (listed on its own page, not in the list)."""
+
+    branches: int
 
 
 #: The run columns a summary reads, by name; JSON columns are never among them.
@@ -157,11 +164,14 @@ def listing(
     health: str | None = None,
     limit: int,
     before: datetime | None = None,
+    top_level: bool = False,
 ) -> list[RunSummary]:
     """Up to ``limit`` of ``owner``'s runs (every owner's for ``None``), newest first (ties
     by id descending), as summaries.
 
-    ``status`` and ``health`` filter in SQL; ``before`` (a ``created_at``) pages back. One
+    ``status`` and ``health`` filter in SQL; ``before`` (a ``created_at``) pages back.
+    ``top_level`` leaves branch runs out and gives each run its branch count
+    (:class:`ParentSummary`), read through the branch index in the same statement. One
     statement, reading only the columns a summary holds; the caller has checked the values.
     """
     query = select(
@@ -170,6 +180,18 @@ def listing(
         judgement.expression().label("health"),
         Step.step_id.label("current_step_id"),
     ).outerjoin(Step, and_(Step.run_id == Run.id, Step.index == Run.current_step))
+    model: type[RunSummary] = RunSummary
+    if top_level:
+        branch = aliased(Run)
+        count = (
+            select(func.count())
+            .select_from(branch)
+            .where(branch.parent_run_id == Run.id)
+            .correlate(Run)
+            .scalar_subquery()
+        )
+        query = query.add_columns(count.label("branches")).where(Run.parent_run_id.is_(None))
+        model = ParentSummary
     if owner is not None:
         query = query.where(Run.owner == owner)
     if status is not None:
@@ -183,5 +205,5 @@ def listing(
     for row in session.execute(query, judgement.params(settings, now)).mappings():
         data: dict[str, Any] = dict(row)
         data["error"] = _error(data["error"])
-        summaries.append(RunSummary.model_validate(data))
+        summaries.append(model.model_validate(data))
     return summaries

@@ -14,21 +14,27 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from orchestration import fleet
 from orchestration.db import session_scope, utcnow
+from orchestration.errors import ValidationError
 from orchestration.followups import Done
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import tokens
+from orchestration.surfaces.api.headers import CONTENT_SECURITY_POLICY
 from tests.conftest import IN_CI, wait_for
 from tests.e2e.conftest import ApiServer, make_token, scripted
 from tests.integration.conftest import Stack
 
 pytestmark = pytest.mark.e2e
+#: This deployment serves the dashboard over plain http on loopback: its cookies are not
+#: ``Secure``, so the httpx clients below (which honour the flag) keep them.
+STACK_SETTINGS = {"ORCH_DASHBOARD_PLAIN_HTTP": "true"}
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = shutil.which("chromium")
@@ -98,6 +104,16 @@ class Browser:
     def type_into(self, selector: str, text: str) -> None:
         self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
         self.call("Input.insertText", text=text)
+
+    def resize(self, width: int, height: int = 860) -> None:
+        """Lay the page out at ``width`` CSS pixels (a phone's viewport below 600)."""
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=width < 600,
+        )
 
     def screenshot(self, name: str) -> Path:
         ARTIFACTS.mkdir(exist_ok=True)
@@ -449,10 +465,15 @@ def test_an_owner_launches_each_registered_version_from_the_form_and_sees_it_ran
             f"research@{version}"
         )
         browser.type_into("#arg-topic", "x" if version == 1 else "otters")
+        if version == 1:
+            # Too short: the browser's own check (minlength) holds the form back; with it
+            # off, the server's check puts the error at the field, and nothing is launched.
+            assert browser.evaluate("document.getElementById('arg-topic').validity.tooShort")
+            browser.evaluate("document.getElementById('launch-form').noValidate = true")
         browser.mark()
         browser.click("#launch")
         browser.loaded()
-        if version == 1:  # too short: the error is at the field, nothing launched
+        if version == 1:
             error = browser.evaluate("document.getElementById('error-topic').innerText")
             assert "at least 2" in error, error
             browser.screenshot("dashboard-launch-error.png")
@@ -550,3 +571,420 @@ def test_every_page_has_no_serious_or_critical_axe_core_violation(
     found["fleet"] = _audit(browser, "fleet")
     orch.cancel(run.id, owner=owner)
     assert {name: bad for name, bad in found.items() if bad} == {}
+
+
+#: The widths every page is looked at: a laptop's and a phone's (CSS pixels).
+WIDTHS = {"laptop": 1366, "narrow": 390}
+
+
+def _look_at(browser: Browser, name: str) -> dict[str, int]:
+    """Keep a screenshot of the page at each of :data:`WIDTHS` (``page-NAME-WIDTH.png``), and
+    say by how many pixels the page itself scrolls sideways at each (0: it does not; a wide
+    table scrolls in its own box)."""
+    overflow = {}
+    for label, width in WIDTHS.items():
+        browser.resize(width)
+        overflow[label] = max(
+            browser.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            ),
+            0,
+        )
+        browser.screenshot(f"page-{name}-{label}.png")
+    browser.resize(WIDTHS["laptop"])
+    return overflow
+
+
+#: What :func:`_look_at` says of a page that never scrolls sideways.
+FITS = dict.fromkeys(WIDTHS, 0)
+
+
+#: Installed in every document before its own code runs: the policy's violations, kept.
+_RECORD_VIOLATIONS = (
+    "window.__violations = [];"
+    "document.addEventListener('securitypolicyviolation',"
+    " e => window.__violations.push(e.effectiveDirective + ' ' + e.blockedURI));"
+)
+
+
+def test_every_page_has_its_title_and_works_under_its_content_security_policy(
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+) -> None:
+    flow = scripted([["running", 30.0]], name="pages")
+    flow["args_schema"] = {"type": "object", "properties": {"topic": {"type": "string"}}}
+    flow["schedule"] = {"cron": "0 0 1 1 *", "args": {"topic": "the year"}}  # shown, not fired
+    orch.register_workflow(flow, owner=owner)
+    run = orch.launch("pages", {"topic": "otters"}, owner=owner)
+    wait_for(lambda: orch.get(run.id, owner=owner).status == "running", 20)
+    with session_scope(stack.settings.database_url) as session:
+        operator = tokens.create(session, None, "pages", now=utcnow(), operator=True)
+    mine = make_token(stack, owner, "browser")
+    expected = {
+        "login": "Sign in",
+        "runs": "Runs",
+        "run": f"Run {run.id}",
+        "launch": "Launch a run",
+        "schedules": "Schedules",
+        "not-found": "Not found",
+        "fleet": "Fleet",
+    }
+    paths = {
+        "login": "/dashboard/login",
+        "runs": "/dashboard",
+        "run": f"/dashboard/runs/{run.id}",
+        "launch": "/dashboard/launch",
+        "schedules": "/dashboard/schedules",
+        "not-found": "/dashboard/runs/nope",
+        "fleet": "/dashboard/fleet",
+    }
+    seen: dict[str, dict[str, Any]] = {}
+    watcher = browser.call("Page.addScriptToEvaluateOnNewDocument", source=_RECORD_VIOLATIONS)
+    try:
+        for name, path in paths.items():
+            token = operator if name == "fleet" else mine
+            if name in ("runs", "fleet"):
+                _sign_in(browser, api, token)
+            with httpx.Client(base_url=api.url, cookies={"orch_token": token}) as client:
+                headers = client.get(path).headers
+            browser.open(f"{api.url}{path}")
+            seen[name] = {
+                "title": browser.evaluate("document.title"),
+                "policy": headers.get("content-security-policy"),
+                "framing": headers.get("x-frame-options"),
+                "sniffing": headers.get("x-content-type-options"),
+                # The stylesheet applied: it is the only place the header's colour is set.
+                "header": browser.evaluate(
+                    "getComputedStyle(document.querySelector('header')).backgroundColor"
+                ),
+                "violations": browser.evaluate("window.__violations"),
+                "overflow": _look_at(browser, name),
+            }
+        assert seen == {
+            name: {
+                "title": f"{title} · orchestration",
+                "policy": CONTENT_SECURITY_POLICY,
+                "framing": "DENY",
+                "sniffing": "nosniff",
+                "header": "rgb(36, 41, 47)",
+                "violations": [],
+                "overflow": FITS,
+            }
+            for name, title in expected.items()
+        }
+        _sign_in(browser, api, mine)
+        # The live run page's script ran under the policy: it fetched the page again.
+        browser.open(f"{api.url}/dashboard/runs/{run.id}")
+        wait_for(
+            lambda: browser.evaluate(
+                "performance.getEntriesByType('resource')"
+                f".some(e => e.name.endsWith('/dashboard/runs/{run.id}'))"
+            ),
+            10,
+            what="the live update's fetch",
+        )
+        assert browser.evaluate("window.__violations") == []
+        # Sign out is a form with the session's CSRF value: it works from the page.
+        browser.mark()
+        browser.click("#sign-out")
+        browser.loaded()
+        assert browser.evaluate("location.pathname") == "/dashboard/login"
+        browser.open(f"{api.url}/dashboard")
+        assert browser.evaluate("location.pathname") == "/dashboard/login"
+    finally:
+        browser.call("Page.removeScriptToEvaluateOnNewDocument", identifier=watcher["identifier"])
+        orch.cancel(run.id, owner=owner)
+
+
+#: The run page's steps table, row by row: each cell under the header of the column it
+#: starts in (colspans counted), and how many columns the row spans.
+_STEP_ROWS = """(() => {
+  const table = Array.from(document.querySelectorAll('table'))
+    .find(t => t.tHead && t.tHead.textContent.includes('Provider says'));
+  const heads = Array.from(table.tHead.rows[0].cells).map(c => c.textContent.trim());
+  return {heads: heads, rows: Array.from(table.tBodies[0].rows).map(r => {
+    const row = {kind: r.className, span: 0, cells: {}};
+    for (const c of r.cells) {
+      row.cells[heads[row.span]] = c.innerText.trim();
+      row.span += c.colSpan;
+    }
+    return row;
+  })};
+})()"""
+
+
+def test_past_attempts_line_up_with_the_steps_columns(
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+) -> None:
+    flow = scripted(
+        [["completed"]],
+        name="flaky",
+        attempt_states=[[["running", 0.2], ["failed"]]],
+        error="the model was overloaded",
+    )
+    # The second attempt waits 30 s: the page shows the ended attempt and the next one.
+    flow["steps"][0]["retry"] = {"attempts": 2, "backoff": 30, "on": ["failed"]}
+    run = orch.launch(flow, owner=owner)
+    wait_for(
+        lambda: orch.get(run.id, owner=owner).steps[0].status == "retrying", 20, what="retrying"
+    )
+    _sign_in(browser, api, make_token(stack, owner, "browser"))
+    browser.open(f"{api.url}/dashboard/runs/{run.id}")
+    table = browser.evaluate(_STEP_ROWS)
+    width = len(table["heads"])
+    assert width == 8, table["heads"]
+    assert [row["span"] for row in table["rows"]] == [width] * 3, table["rows"]
+    current, ended, upcoming = table["rows"]
+    assert (current["cells"]["Step"], current["cells"]["Status"]) == ("s1", "retrying")
+    assert current["cells"]["Attempt"] == "2"
+    assert ended["kind"] == "past-attempt"
+    assert (ended["cells"]["#"], ended["cells"]["Step"]) == ("", "s1")
+    assert ended["cells"]["Status"].startswith("failed"), ended
+    assert ended["cells"]["Attempt"] == "1"
+    assert "the model was overloaded" in ended["cells"]["Output / error"]
+    assert (upcoming["cells"]["Step"], upcoming["cells"]["Attempt"]) == ("s1", "2")
+    assert upcoming["cells"]["Output / error"].startswith("starts at "), upcoming
+    assert _look_at(browser, "run-retrying") == FITS
+    orch.cancel(run.id, owner=owner)
+
+
+def test_the_run_list_shows_top_level_runs_and_the_parent_page_lists_its_branches(
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+) -> None:
+    branch = scripted([["completed"]])["steps"][0]
+    branch.pop("id")
+    branch["task"] = "about {{ item }}"
+    flow = {"name": "fan", "steps": [{"id": "fan", "for_each": "{{ args.items }}", "step": branch}]}
+    items = ["a", "b", "c", "d", "e"]
+    fan = orch.launch(flow, {"items": items}, owner=owner)
+    single = orch.launch(scripted([["completed"]], name="single"), owner=owner)
+    wait_for(lambda: orch.get(fan.id, owner=owner).status == "completed", 30, what="fan-out")
+    children = [b["run_id"] for b in orch.get(fan.id, owner=owner).steps[0].branches or []]
+    assert len(children) == len(items)
+    _sign_in(browser, api, make_token(stack, owner, "browser"))
+    listed = browser.evaluate(
+        "Array.from(document.querySelectorAll('tr[data-run-id]')).map(r => r.dataset.runId)"
+    )
+    assert listed == [single.id, fan.id]  # newest first; no branch run
+    count = f"tr[data-run-id='{fan.id}'] .branches"
+    assert browser.evaluate(f"document.querySelector({json.dumps(count)}).innerText") == (
+        "5 branch runs"
+    )
+    assert _look_at(browser, "runs-branches") == FITS
+    browser.mark()
+    browser.click(count)
+    browser.loaded()
+    assert browser.evaluate("location.pathname") == f"/dashboard/runs/{fan.id}"
+    linked = browser.evaluate(
+        "Array.from(document.querySelectorAll('#steps tr.branch a')).map(a => a.pathname)"
+    )
+    assert linked == [f"/dashboard/runs/{child}" for child in children]
+    assert _look_at(browser, "run-branches") == FITS
+
+
+def _schema_flow() -> dict[str, Any]:
+    flow = scripted([["completed"]], name="kinds")
+    flow["steps"][0]["task"] = "About {{ args.topic }}, {{ args.depth }} deep"
+    flow["args_schema"] = {
+        "type": "object",
+        "required": ["topic", "flag"],
+        "additionalProperties": False,
+        "properties": {
+            "topic": {"type": "string", "minLength": 2, "maxLength": 40, "description": "what"},
+            "depth": {"type": "integer", "minimum": 1, "maximum": 5, "default": 2},
+            "tone": {"enum": ["dry", "warm"]},
+            "flag": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    return flow
+
+
+#: For each field of the launch form: its control's tag, type and HTML checks, and whether
+#: its error (when shown) sits in the field's own box, under the control.
+_FIELDS = """Array.from(document.querySelectorAll('.field[data-field]')).map(box => {
+  const control = box.querySelector('input, select, textarea');
+  const error = box.querySelector('.field-error');
+  const below = error && error.getBoundingClientRect().top
+    >= control.getBoundingClientRect().bottom;
+  return [box.dataset.field, {
+    tag: control.tagName.toLowerCase(), type: control.type, required: control.required,
+    min: control.min || null, max: control.max || null,
+    minlength: control.minLength, options: control.options
+      ? Array.from(control.options).map(o => o.value) : null,
+    error: error ? error.innerText : null, below: below,
+    invalid: control.getAttribute('aria-invalid'),
+  }];
+})"""
+
+
+def test_the_launch_form_is_built_from_the_args_schema_with_errors_at_their_fields(
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+) -> None:
+    orch.register_workflow(_schema_flow(), owner=owner)
+    _sign_in(browser, api, make_token(stack, owner, "browser"))
+    browser.open(f"{api.url}/dashboard/launch?workflow=kinds")
+    fields = dict(browser.evaluate(_FIELDS))
+    assert list(fields) == ["topic", "flag", "depth", "tags", "tone"]  # required first
+    assert {name: (f["tag"], f["type"]) for name, f in fields.items()} == {
+        "topic": ("input", "text"),
+        "depth": ("input", "number"),
+        "tone": ("select", "select-one"),
+        "flag": ("select", "select-one"),
+        "tags": ("textarea", "textarea"),
+    }
+    assert [name for name, f in fields.items() if f["required"]] == ["topic", "flag"]
+    assert (fields["depth"]["min"], fields["depth"]["max"]) == ("1", "5")
+    assert fields["topic"]["minlength"] == 2
+    assert fields["tone"]["options"] == ["", "dry", "warm"]
+    assert fields["flag"]["options"] == ["", "true", "false"]
+    assert browser.evaluate("document.getElementById('arg-depth').value") == "2"  # the default
+    # The browser's own checks (a bonus): out of range and missing are held back.
+    browser.evaluate("document.getElementById('arg-depth').value = '9'")
+    browser.type_into("#arg-topic", "x")
+    assert browser.evaluate("document.getElementById('arg-depth').validity.rangeOverflow")
+    assert not browser.evaluate("document.getElementById('launch-form').checkValidity()")
+    # The guarantee is the server's: every wrong field gets its error next to it.
+    browser.evaluate("document.getElementById('arg-tags').value = '[1]'")
+    browser.evaluate("document.getElementById('launch-form').noValidate = true")
+    browser.mark()
+    browser.click("#launch")
+    browser.loaded()
+    shown = dict(browser.evaluate(_FIELDS))
+    errors = {name: f["error"] for name, f in shown.items() if f["error"]}
+    assert errors == {
+        "topic": "args.topic: must have at least 2 characters",
+        "depth": "args.depth: must be at most 5",
+        "flag": "args.flag: is required",
+        "tags": "args.tags[0]: must be string, not integer",
+    }
+    assert all(shown[name]["below"] and shown[name]["invalid"] == "true" for name in errors)
+    assert browser.evaluate("document.getElementById('arg-depth').value") == "9"  # kept
+    assert _look_at(browser, "launch-errors") == FITS
+    assert orch.list(owner=owner) == []
+    browser.evaluate(
+        "document.getElementById('arg-topic').value = 'otters';"
+        "document.getElementById('arg-depth').value = '3';"
+        "document.getElementById('arg-tone').value = 'warm';"
+        "document.getElementById('arg-flag').value = 'true';"
+        "document.getElementById('arg-tags').value = '[\"a\", \"b\"]';"
+    )
+    browser.mark()
+    browser.click("#launch")
+    browser.loaded()
+    run_id = browser.evaluate("location.pathname").rsplit("/", 1)[1]
+    run = orch.get(run_id, owner=owner)
+    assert run.args == {
+        "topic": "otters",
+        "depth": 3,
+        "tone": "warm",
+        "flag": True,
+        "tags": ["a", "b"],
+    }
+    wait_for(lambda: orch.get(run_id, owner=owner).status == "completed", 30)
+    assert orch.get(run_id, owner=owner).steps[0].input == "About otters, 3 deep"
+
+
+#: Owner-written text that would run, or break out of an attribute, if a page wrote it raw.
+HOSTILE = (
+    '"\'><script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+    "<svg onload=window.__pwned=3>"
+)
+#: Whether the page holds anything the text above would have made: a run flag, an element
+#: it would have added, or a script that is not the dashboard's own.
+_INJECTED = """({
+  pwned: window.__pwned === undefined ? null : window.__pwned,
+  elements: document.querySelectorAll('img, [onerror], [onload], svg:not(#phases)').length,
+  scripts: Array.from(document.scripts).map(s => s.getAttribute('src'))
+    .filter(src => src !== '/dashboard/static/live.js'),
+})"""
+
+
+def test_owner_written_text_is_inert_on_every_page(
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+) -> None:
+    # A workflow name, an output and an error, all written by the owner.
+    flow = scripted([["completed"]], name=f"name {HOSTILE}", output={"said": HOSTILE})
+    flow["steps"].append(
+        {**flow["steps"][0], "id": "s2", "with": {"states": [["failed"]], "error": HOSTILE}}
+    )
+    failed = orch.launch(flow, owner=owner)
+    asking = orch.launch(
+        {
+            "name": "ask",
+            "steps": [{"id": "ask", "approval": {"prompt": f"Ship {HOSTILE}?", "expires_in": 600}}],
+        },
+        owner=owner,
+    )
+    # A step id cannot hold it: refused at launch, never stored.
+    with pytest.raises(ValidationError) as refused:
+        orch.launch(scripted([["completed"]], step_id=HOSTILE), owner=owner)
+    assert refused.value.field == "steps[0].id"
+    # An args_schema: a property's name, description, enum values and default.
+    schema_flow = scripted([["completed"]], name="schema")
+    schema_flow["args_schema"] = {
+        "type": "object",
+        "properties": {
+            HOSTILE: {"type": "string", "description": HOSTILE, "default": HOSTILE},
+            "pick": {"enum": [HOSTILE, "plain"]},
+        },
+    }
+    orch.register_workflow(schema_flow, owner=owner)
+    wait_for(lambda: orch.get(failed.id, owner=owner).status == "failed", 30, what="failed")
+    wait_for(lambda: orch.get(asking.id, owner=owner).status == "parked", 30, what="parked")
+    token = make_token(stack, owner, "browser")
+    _sign_in(browser, api, token)
+    for name, path in (
+        ("runs", "/dashboard"),
+        ("failed", f"/dashboard/runs/{failed.id}"),
+        ("approval", f"/dashboard/runs/{asking.id}"),
+        ("launch", "/dashboard/launch?workflow=schema"),
+    ):
+        browser.open(f"{api.url}{path}")
+        assert browser.evaluate(_INJECTED) == {"pwned": None, "elements": 0, "scripts": []}, name
+        assert HOSTILE in browser.evaluate("document.body.innerText"), name  # shown, as text
+        assert _look_at(browser, f"hostile-{name}") == FITS, name
+    launch = browser.evaluate(
+        "Array.from(document.querySelectorAll('#launch-form [name^=\"arg.\"]')).map(e => "
+        "[e.name, e.value, e.options ? Array.from(e.options).map(o => o.value) : null])"
+    )
+    assert launch == [[f"arg.{HOSTILE}", HOSTILE, None], ["arg.pick", "", ["", HOSTILE, "plain"]]]
+    # A step id in a URL comes back in an error page's message: as text too. (A path
+    # segment holds no "/", so this one closes no tag.)
+    step_id = '"\'><img src=x onerror="window.__pwned=2">'
+    with httpx.Client(base_url=api.url, cookies={"orch_token": token}) as client:
+        page = client.get(f"/dashboard/runs/{asking.id}").text
+        csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        for url, form in (
+            (f"/dashboard/runs/{asking.id}/steps/{quote(step_id, safe='')}/approval", {}),
+            (f"/dashboard/runs/{failed.id}/rerun", {"from_step": step_id}),
+        ):
+            reply = client.post(url, data={"csrf": csrf, **form})
+            assert reply.status_code in (404, 409), (url, reply.status_code, reply.text)
+            assert "&lt;img src=x onerror=" in reply.text, reply.text
+            assert "<img" not in reply.text
+    orch.cancel(asking.id, owner=owner)

@@ -154,6 +154,12 @@ TEXT_GARBAGE: dict[str, SearchStrategy[str]] = {
 }
 #: The OTLP endpoint is a web URL like the webhook's, refused the same way.
 TEXT_GARBAGE["otel_endpoint"] = TEXT_GARBAGE["webhook_url"]
+#: pydantic reads a boolean from these words, in any case, and from nothing else.
+_BOOLEAN_WORDS = {"1", "0", "true", "false", "t", "f", "yes", "no", "y", "n", "on", "off"}
+TEXT_GARBAGE["dashboard_plain_http"] = st.one_of(
+    TEXT.filter(lambda text: text.strip().lower() not in _BOOLEAN_WORDS),
+    st.sampled_from(["", "2", "maybe", "http", "enabled"]),
+)
 
 
 def _numbers(field: FieldInfo) -> SearchStrategy[str]:

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
@@ -28,10 +29,12 @@ from orchestration.surfaces.api import (
     runs,
     schedules,
     schedules_page,
+    signin,
     tokens,
     workflows,
 )
 from orchestration.surfaces.api.auth import orchestrator as app_orchestrator
+from orchestration.surfaces.api.headers import SecurityHeaders
 from orchestration.surfaces.api.limits import BodyLimit, max_body_bytes
 
 #: Error responses every authenticated route may give, documented once in the schema.
@@ -80,6 +83,8 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     app.state.metrics = metrics.registry(orch.settings, orch.clock)
     errors.install(app)
     app.add_middleware(BodyLimit, limit=max_body or max_body_bytes())
+    # Added last, so outermost: a refused body's 413 carries the headers too.
+    app.add_middleware(SecurityHeaders)
     app.include_router(runs.router)
     app.include_router(workflows.router)
     app.include_router(schedules.router)
@@ -88,6 +93,8 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     app.include_router(fleet_page.router)
     app.include_router(launch_page.router)
     app.include_router(schedules_page.router)
+    app.include_router(signin.router)
+    app.mount("/dashboard/static", StaticFiles(directory=dashboard.STATIC), name="static")
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["operations"])
     app.add_api_route(
         "/metrics", metrics_text, methods=["GET"], tags=["operations"], response_class=Response

@@ -1,11 +1,11 @@
-"""The runs dashboard: server-rendered HTML, no JavaScript, no build step.
+"""The runs dashboard: server-rendered HTML, no build step; one static script updates a
+live run's page in place, and every page works without it.
 
-Auth is the API token, sent once through the login form and then kept in an ``HttpOnly``,
-``SameSite=Strict`` cookie scoped to ``/dashboard`` (a bearer header works too). The form is a
-POST, so the token never lands in a URL, a history entry or an access log. State-changing
-forms carry a CSRF value derived from the token; the sign-in form carries a random one that
-must match a ``SameSite=Strict`` cookie set with the form. Templates autoescape everything.
-The runs list shows summaries, never a run's payloads.
+Auth is the API token in the session cookie (:mod:`orchestration.surfaces.api.signin`) or a
+bearer header. State-changing forms carry a CSRF value derived from the token. Templates
+autoescape everything, and the pages hold no inline script or style, so the
+Content-Security-Policy (:mod:`orchestration.surfaces.api.headers`) allows none. The runs list
+shows summaries, never a run's payloads.
 """
 
 from __future__ import annotations
@@ -37,25 +37,16 @@ from orchestration.records import RunRecord
 from orchestration.service import Orchestrator
 from orchestration.states import RUN_TERMINAL, Health, RunStatus
 from orchestration.surfaces.api import paging, timeline
-from orchestration.surfaces.api.auth import (
-    COOKIE,
-    csrf_ok,
-    csrf_value,
-    dashboard_token,
-    resolve,
-    same_secret,
-)
+from orchestration.surfaces.api.auth import csrf_ok, csrf_value, dashboard_token, resolve
 from orchestration.surfaces.api.auth import orchestrator as app_orchestrator
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 
 #: Runs per dashboard page.
 PAGE_SIZE = 50
-#: How long the login cookie lasts (seconds); revoking the token ends it at once anyway.
-COOKIE_MAX_AGE = 12 * 3600
-#: The sign-in form's double-submit CSRF cookie, and how long a form stays valid (seconds).
-LOGIN_CSRF_COOKIE = "orch_login_csrf"
-LOGIN_CSRF_MAX_AGE = 3600
+
+#: The stylesheet and the run page's script, served as ``/dashboard/static/NAME``.
+STATIC = Path(__file__).parent / "static"
 
 _templates = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -88,7 +79,10 @@ def relative(now: datetime, when: datetime | None) -> str:
     return f"in {duration(delta)}" if delta >= 0 else f"{duration(delta)} ago"
 
 
-def stamp(when: datetime | None) -> str:
+def stamp(when: datetime | str | None) -> str:
+    """``2026-01-01 12:00:00`` (UTC), from a datetime or the ISO text a JSON column keeps."""
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
     return when.strftime("%Y-%m-%d %H:%M:%S") if when else "-"
 
 
@@ -127,8 +121,14 @@ class Signed:
         return self.orch.owner_of(run_id) if self.operator else self.owner
 
     def page(self, **context: Any) -> dict[str, Any]:
-        """What every page's header shows."""
-        return {"owner": self.owner, "operator": self.operator, **context}
+        """What every page's header shows, and the session's CSRF value its forms carry
+        (the sign-out form in the header is one)."""
+        return {
+            "owner": self.owner,
+            "operator": self.operator,
+            "csrf": csrf_value(self.token),
+            **context,
+        }
 
 
 def signed_in_as(request: Request) -> Signed | None:
@@ -150,8 +150,9 @@ def runs_page(
     refresh: Annotated[int | None, Query(ge=2, le=3600)] = None,
     owner: Annotated[str | None, Query()] = None,
 ) -> Response:
-    """The caller's runs (an operator's: every owner's, ``owner`` filtering), newest first,
-    filterable by status and health."""
+    """The caller's top-level runs (an operator's: every owner's, ``owner`` filtering),
+    newest first, filterable by status and health, each with its branch count; branch runs
+    are listed on their parent's page."""
     signed_in = signed_in_as(request)
     if signed_in is None:
         return to_login()
@@ -169,6 +170,7 @@ def runs_page(
             health=health,
             limit=PAGE_SIZE,
             after=paging.start_key(cursor, None),
+            top_level=True,
         )
     except OrchestrationError as exc:
         runs, last, error = [], None, str(exc)
@@ -204,7 +206,7 @@ def run_page(
     signed_in = signed_in_as(request)
     if signed_in is None:
         return to_login()
-    orch, token = signed_in.orch, signed_in.token
+    orch = signed_in.orch
     try:
         owner = signed_in.owner_of(run_id)
         record = orch.get(run_id, owner=owner)
@@ -223,7 +225,6 @@ def run_page(
         geometry=timeline,
         now=now,
         relative=relative,
-        csrf=csrf_value(token),
         terminal=RunStatus(record.status) in RUN_TERMINAL,
         rerunnable=RunStatus(record.status) in reruns.RERUNNABLE,
         # One request id per rendered form: a double submit launches one rerun.
@@ -235,8 +236,13 @@ def run_page(
 
 async def form_of(request: Request) -> dict[str, str]:
     """A urlencoded form, parsed here rather than through python-multipart: the body is
-    already bounded by the BodyLimit middleware."""
-    fields = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=100)
+    already bounded by the BodyLimit middleware. A field sent empty is kept as ``""`` (the
+    launch form shows it empty again rather than refilling its default)."""
+    fields = parse_qs(
+        (await request.body()).decode("utf-8", "replace"),
+        keep_blank_values=True,
+        max_num_fields=100,
+    )
     return {key: values[0] for key, values in fields.items()}
 
 
@@ -257,14 +263,20 @@ async def _posted(
     form = await form_of(request)
     if not csrf_ok(signed_in.token, form.get("csrf", "")):
         return render(
-            "error.html", 403, **signed_in.page(), title="Refused",
+            "error.html",
+            403,
+            **signed_in.page(),
+            title="Refused",
             message="the form is stale or came from another site; reload the run page",
-        )  # fmt: skip
+        )
     if signed_in.operator and not operator_may:
         return render(
-            "error.html", 403, **signed_in.page(), title="Refused",
+            "error.html",
+            403,
+            **signed_in.page(),
+            title="Refused",
             message="an operator cancels runs; approving and rerunning are the owner's",
-        )  # fmt: skip
+        )
     by = f"operator {signed_in.operator}" if signed_in.operator else None
     try:
         owner = await run_in_threadpool(signed_in.owner_of, run_id)
@@ -318,70 +330,3 @@ async def rerun_run(request: Request, run_id: str) -> Response:
             request_id=form.get("request_id") or None,
         ),
     )
-
-
-def _login_form(request: Request, status_code: int = 200, error: str | None = None) -> HTMLResponse:
-    """The sign-in form, with its CSRF value in the form and in a cookie (double submit).
-
-    The value a browser already holds is kept, so a second tab's form stays valid.
-    """
-    value = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
-    response = render("login.html", status_code, owner=None, error=error, csrf=value)
-    response.set_cookie(
-        LOGIN_CSRF_COOKIE,
-        value,
-        max_age=LOGIN_CSRF_MAX_AGE,
-        path="/dashboard/login",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
-    return response
-
-
-@router.get("/login", response_class=HTMLResponse)
-def login_page(request: Request) -> Response:
-    """The sign-in form."""
-    return _login_form(request)
-
-
-@router.post("/login")
-async def login(request: Request) -> Response:
-    """Check the form's CSRF value and the token, then keep the token in the cookie.
-
-    Without the CSRF check a page on another site could post its own token and sign the
-    browser in as the attacker's owner (login CSRF); a ``SameSite=Strict`` cookie is not
-    sent with that cross-site post, and the other site cannot read it to fill the form.
-    """
-    form = await form_of(request)
-    expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
-    if not expected or not same_secret(expected, form.get("csrf", "")):
-        return _login_form(
-            request,
-            403,
-            "the sign-in form is stale or came from another site; sign in again from this page",
-        )
-    token = form.get("token", "").strip()
-    orch = app_orchestrator(request)
-    if await run_in_threadpool(resolve, orch, token) is None:
-        return _login_form(request, 401, "unknown or revoked token")
-    response = RedirectResponse("/dashboard", status_code=303)
-    response.delete_cookie(LOGIN_CSRF_COOKIE, path="/dashboard/login")
-    response.set_cookie(
-        COOKIE,
-        token,
-        max_age=COOKIE_MAX_AGE,
-        path="/dashboard",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
-    return response
-
-
-@router.post("/logout")
-def logout() -> Response:
-    """Forget the cookie."""
-    response = to_login()
-    response.delete_cookie(COOKIE, path="/dashboard")
-    return response

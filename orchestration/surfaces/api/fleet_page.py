@@ -59,9 +59,14 @@ def bars(values: Sequence[float | None], say: Callable[[float], str]) -> list[Ba
         height = PLOT_HEIGHT * value / tallest
         ago = len(values) - index
         found.append(
-            Bar(index * width, PLOT_HEIGHT - height, max(width - 1, 1), height,
-                f"{say(value)}, {ago} min ago")
-        )  # fmt: skip
+            Bar(
+                index * width,
+                PLOT_HEIGHT - height,
+                max(width - 1, 1),
+                height,
+                f"{say(value)}, {ago} min ago",
+            )
+        )
     return found
 
 
@@ -79,15 +84,27 @@ def plots(seen: fleet.Fleet) -> list[Plot]:
     late = [None if one is None else one.quantile(0.99) for one in seen.poll_lateness]
     sweep = [None if one is None else one.largest for one in seen.sweep_seconds]
     return [
-        Plot("started", f"Runs started per minute (most {max(seen.started, default=0)})",
-             bars(seen.started, lambda n: f"{n:.0f} runs started")),
-        Plot("ended", f"Runs ended per minute (most {max(seen.ended, default=0)})",
-             bars(seen.ended, lambda n: f"{n:.0f} runs ended")),
-        Plot("poll-lateness", f"Poll lateness, p99 per minute ({_worst(late)})",
-             bars(late, lambda v: f"p99 {_seconds(v)} late")),
-        Plot("sweep-time", f"Slowest sweeper pass per minute ({_worst(sweep)})",
-             bars(sweep, lambda v: f"slowest pass {_seconds(v)}")),
-    ]  # fmt: skip
+        Plot(
+            "started",
+            f"Runs started per minute (most {max(seen.started, default=0)})",
+            bars(seen.started, lambda n: f"{n:.0f} runs started"),
+        ),
+        Plot(
+            "ended",
+            f"Runs ended per minute (most {max(seen.ended, default=0)})",
+            bars(seen.ended, lambda n: f"{n:.0f} runs ended"),
+        ),
+        Plot(
+            "poll-lateness",
+            f"Poll lateness, p99 per minute ({_worst(late)})",
+            bars(late, lambda v: f"p99 {_seconds(v)} late"),
+        ),
+        Plot(
+            "sweep-time",
+            f"Slowest sweeper pass per minute ({_worst(sweep)})",
+            bars(sweep, lambda v: f"slowest pass {_seconds(v)}"),
+        ),
+    ]
 
 
 @router.get("/fleet")
@@ -100,9 +117,12 @@ async def fleet_page(request: Request) -> Response:
         return to_login()
     if not signed.operator:
         return render(
-            "error.html", 403, **signed.page(), title="Refused",
+            "error.html",
+            403,
+            **signed.page(),
+            title="Refused",
             message="the fleet page is the operator's: sign in with an operator token",
-        )  # fmt: skip
+        )
     orch = signed.orch
     now = orch.clock()
     seen = await run_in_threadpool(

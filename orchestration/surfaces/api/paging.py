@@ -76,9 +76,11 @@ def page(
     health: str | None,
     limit: int,
     after: Key | None,
+    top_level: bool = False,
 ) -> tuple[list[RunSummary], Key | None]:
     """Up to ``limit`` of the owner's runs (every owner's for ``None``: the operator's)
-    after ``after``; and the key to continue from.
+    after ``after``; and the key to continue from. ``top_level``: without branch runs, each
+    run with its branch count (the dashboard's list).
 
     Raises :class:`ValidationError` for a bad filter or ``limit``.
     """
@@ -91,7 +93,14 @@ def page(
         before = None
         if seen is not None:
             before = seen.created_at + _TICK if seen.run_id else seen.created_at
-        batch = orch.list_all(owner=owner, status=status, health=health, limit=limit, before=before)
+        batch = orch.list_all(
+            owner=owner,
+            status=status,
+            health=health,
+            limit=limit,
+            before=before,
+            top_level=top_level,
+        )
         scanned += len(batch)
         fresh = [record for record in batch if seen is None or Key.of(record) < seen]
         if not fresh and len(batch) == limit and seen is not None:

@@ -9,7 +9,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from orchestration.errors import ValidationError
-from orchestration.surfaces.api.auth import csrf_ok, csrf_value
+from orchestration.surfaces.api.auth import csrf_ok
 from orchestration.surfaces.api.dashboard import form_of, render, signed_in_as, to_login
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -23,14 +23,15 @@ async def schedules_page(request: Request) -> Response:
         return to_login()
     if signed.operator:
         return render(
-            "error.html", 403, **signed.page(), title="Refused",
+            "error.html",
+            403,
+            **signed.page(),
+            title="Refused",
             message="schedules belong to their owner; sign in with the owner's token",
-        )  # fmt: skip
+        )
     now = signed.orch.clock()
     shown = await run_in_threadpool(lambda: signed.orch.schedules(owner=signed.owner))
-    return render(
-        "schedules.html", **signed.page(), schedules=shown, now=now, csrf=csrf_value(signed.token)
-    )
+    return render("schedules.html", **signed.page(), schedules=shown, now=now)
 
 
 async def _switch(request: Request, name: str, *, paused: bool) -> Response:
@@ -41,14 +42,20 @@ async def _switch(request: Request, name: str, *, paused: bool) -> Response:
     form = await form_of(request)
     if signed.operator:
         return render(
-            "error.html", 403, **signed.page(), title="Refused",
+            "error.html",
+            403,
+            **signed.page(),
+            title="Refused",
             message="schedules are paused and resumed by their owner",
-        )  # fmt: skip
+        )
     if not csrf_ok(signed.token, form.get("csrf", "")):
         return render(
-            "error.html", 403, **signed.page(), title="Refused",
+            "error.html",
+            403,
+            **signed.page(),
+            title="Refused",
             message="the form is stale or came from another site; reload the schedules page",
-        )  # fmt: skip
+        )
     switch = signed.orch.pause_schedule if paused else signed.orch.resume_schedule
     try:
         await run_in_threadpool(lambda: switch(name, owner=signed.owner))

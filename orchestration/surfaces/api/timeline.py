@@ -101,18 +101,32 @@ def build(record: RunRecord, events: list[dict[str, Any]], now: datetime) -> Tim
             until = following[1] if following else (step.finished_at or end)
             x = x_of(since)
             phases.append(
-                Phase(step.step_id, rows[step.step_id], status, since, until, x,
-                      max(x_of(until) - x, 1.0))
-            )  # fmt: skip
+                Phase(
+                    step.step_id,
+                    rows[step.step_id],
+                    status,
+                    since,
+                    until,
+                    x,
+                    max(x_of(until) - x, 1.0),
+                )
+            )
     for row, branch in branch_rows:
         if branch["started_at"] is None:
             continue
         since, until = branch["started_at"], branch["finished_at"] or end
         x = x_of(since)
         phases.append(
-            Phase(steps[row].strip(), row, branch["status"], since, until, x,
-                  max(x_of(until) - x, 1.0))
-        )  # fmt: skip
+            Phase(
+                steps[row].strip(),
+                row,
+                branch["status"],
+                since,
+                until,
+                x,
+                max(x_of(until) - x, 1.0),
+            )
+        )
     countdowns = [
         (rows[step.step_id], x_of(step.next_poll_at), step.next_poll_at)
         for step in record.steps
