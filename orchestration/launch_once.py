@@ -1,30 +1,17 @@
-"""A launch on PostgreSQL in one statement, with no transaction around it.
+"""A launch as one statement: the admission, the run's insert and its steps' insert.
 
-Most launches name a new request id, hold no concurrency key and fit under the capacity
-limits. For those the launch is the admission check and three inserts (the run, its steps,
-the journal row); PostgreSQL runs them as one statement of data-modifying CTEs, and one
-statement is atomic by itself, so it needs no ``BEGIN`` and ``COMMIT``: one round trip
-instead of six. The run's insert is the condition of the rest: it is made only while the
-live runs, in all and of this owner, are under their limits, and it does nothing when the
-owner's request id is taken (``ON CONFLICT DO NOTHING`` on ``uq_runs_owner_request``); the
-steps and the journal row are selected from what it returned, so they exist exactly when the
-run does. The statement also returns the run the request id named before it began: a replay
-(or an idempotency conflict) is answered from that, with no transaction either. A statement
-that wrote nothing and found nothing (a limit reached, or a concurrent launch of the same
-id) tells the caller to take the full transaction, which raises the limit's own error or
-finds the id.
-
-The steps go in as one array per column in which they differ (``new_runs.PER_STEP``),
-``unnest``-ed into rows, and one value for each column they share (their run, status, times):
-the statement and its parameters are the same whatever the run's length, so it is built,
-converted by the driver and planned by PostgreSQL once, and a 200-step launch is one
-statement too. A shared column sent as an array would cost the driver a dump per element
-for a value it already has once.
-
-The live runs are counted by the database as they change (:mod:`orchestration.live_counts`),
-so the admission reads a few rows of counts whatever the number of live runs; it reads them
-in the statement's snapshot, as the transaction's admission ``SELECT`` does: the limits are
-admission control, not a lock.
+Most launches name a new request id, hold no concurrency key and fit under the budgets. For
+those the rows :mod:`.new_runs` built go in as one statement of data-modifying CTEs, sent in
+autocommit when the deployment sends pieces together (:func:`orchestration.pieces.one_statement`):
+the run's insert is made only where :func:`orchestration.admission.admitted` holds and does
+nothing on a taken request id (``ON CONFLICT DO NOTHING``); the steps are selected from it,
+so they exist exactly when the run does, and the database journals the run. The statement
+also returns the run the request id named before it began (a replay is answered from it)
+and the new run's health. One that wrote nothing and found nothing (a budget full, a
+concurrent launch of the same id) leaves the launch to the transaction, which says which.
+The steps go in as one array for each column in which they differ (``new_runs.PER_STEP``)
+and one value for the rest, so the statement is the same whatever the run's length
+(``docs/architecture.md``).
 """
 
 from __future__ import annotations

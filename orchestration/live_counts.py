@@ -1,28 +1,14 @@
 """The live runs of each owner and of all owners, counted by the database as they change.
 
 A launch is admitted only while the live runs, in all and of its owner, are under
-``ORCH_MAX_ACTIVE_RUNS`` and ``ORCH_MAX_ACTIVE_RUNS_PER_OWNER``. Counting them at each launch
-cost what there was to count: on PostgreSQL the launch statement took 2.3 ms with about 600
-live runs and 7.1 ms with about 2,600 (1.8 ms without the counts), so a busy deployment paid
-most for its launches just as it neared its limits. Here the counts are kept as rows, and a
-launch reads a fixed number of them whatever the number of live runs.
-
-The rows are written by triggers on ``runs`` (migration 0014), never by the engine: a run
-that is inserted live adds one, a run that leaves the live statuses (terminal is final, so it
-never comes back) or is deleted while live takes one away, and every writer of a status, now
-or later, keeps them right without knowing of them. Branch runs are bounded by their step
-(``ORCH_MAX_BRANCHES``) and are not counted, as they never were.
-
-On PostgreSQL each owner and the total (:data:`TOTAL`) have up to :data:`SLOTS` rows, one per
-``pg_backend_pid() % SLOTS``, so that concurrent transactions on other connections add to
-other rows; a count is the sum of its rows. The triggers are deferred to the commit, and each
-adds to the total's row before the owner's: a transaction takes a count row's lock only once
-all its other locks are taken, and always its slot's total row first, so two transactions
-can wait on each other's count rows only in one order, and never deadlock on them. SQLite
-writes one transaction at a time: there every count is one row (slot 0).
-
-The counts are read in the statement's snapshot, as the count of rows was: the limits are
-admission control, not a lock.
+``ORCH_MAX_ACTIVE_RUNS`` and ``ORCH_MAX_ACTIVE_RUNS_PER_OWNER`` (:mod:`.admission`). Counting
+the live rows at each launch would cost what there is to count; here the counts are rows that
+triggers on ``runs`` keep (migration 0014), so a launch reads a fixed number of them. Every
+writer of a status, now or later, keeps them right without knowing of them. On PostgreSQL
+each count has up to :data:`SLOTS` rows, one per connection slot, so that concurrent
+transactions add to different rows (``docs/architecture.md`` says why they never deadlock);
+the counts are read in the statement's snapshot: the limits are admission control, not a
+lock. Branch runs are bounded by their step (``ORCH_MAX_BRANCHES``) and are not counted.
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ class Run(Base):
     branch_context: Mapped[Any] = mapped_column(JSONType, nullable=True)
 
     # Loaded only when read: the step task reads its run several times per execution and
-    # never needs the other steps (eager loading cost 38 % of a worker's time, docs/benchmarks).
+    # never needs the other steps (eager loading them showed in its profile, docs/benchmarks).
     steps: Mapped[list[Step]] = relationship(
         back_populates="run", order_by="Step.index", lazy="select"
     )

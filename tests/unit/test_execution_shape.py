@@ -1,7 +1,8 @@
 """What one step execution costs, and what a chain message carries (docs/architecture.md):
 
 * a poll that changes nothing is one transaction of two statements (the fence and the stamp);
-  on PostgreSQL one statement outside any transaction (``tests/integration/test_poll_fence.py``);
+  on PostgreSQL one statement outside any transaction
+  (``tests/integration/test_postgres_statements.py``);
 * a turn already finished at its start is finished in that execution, in two transactions;
 * a chain goes out in segments of at most ``SEGMENT_LINKS`` links, and the step that finishes
   without a next link in its message (the last of a segment, or one that polled) arms the
