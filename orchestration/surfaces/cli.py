@@ -213,11 +213,12 @@ def runs(
     if as_json:
         dump([_record_json(record) for record in records])
         return
-    # The id is never cut: it is what `show` and `cancel` take. The other columns give way.
-    table = Table(box=None, pad_edge=False)
+    # The id is never cut: it is what `show` and `cancel` take. The workflow's name gives way.
+    table = Table(box=None, pad_edge=False, collapse_padding=True)
     table.add_column("run", no_wrap=True, min_width=32)
-    for name in ("workflow", "status", "health", "created", "deadline"):
-        table.add_column(name, overflow="fold")
+    table.add_column("workflow", overflow="fold")
+    for name in ("status", "health", "created", "deadline"):
+        table.add_column(name, no_wrap=True)
     now = datetime.now(UTC)
     for record in records:
         deadline = record.deadline_at
@@ -344,7 +345,7 @@ def events(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
         stop = f" ({event['stop_reason']})" if event["stop_reason"] else ""
         out.print(
             Text.assemble(
-                event["at"].isoformat(timespec="seconds"),
+                event["at"].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 f"  {where}: {event['from'] or '-'} -> ",
                 display.styled(event["to"]),
                 f"{stop}  ",
