@@ -311,7 +311,7 @@ def test_the_rerun_journal_names_the_step(
     failed = json.loads(run_cli(stack, "launch", str(flow), "--wait", "--json", owner=owner).stdout)
     assert failed["status"] == "failed"
     again = json.loads(ok(run_cli(stack, "rerun", failed["id"], "--json", owner=owner)))
-    journal = json.loads(ok(run_cli(stack, "events", again["id"], "--json", owner=owner)))
+    journal = stack.orchestrator().events(again["id"], owner=owner)
     assert journal[0]["cause"] == f"rerun of {failed['id']} from step 'second'"
 
 

@@ -134,19 +134,24 @@ def test_a_cli_launch_the_broker_does_not_take_is_one_line_and_exit_3(stack: Sta
     assert took < 10, f"the whole command (Python start-up included) took {took:.1f}s"
 
 
+#: A broker URL on a port, with a password the error must mask, per transport.
+BROKERS = {"redis": "redis://:pw@127.0.0.1:{port}/0", "amqp": "amqp://guest:pw@127.0.0.1:{port}//"}
+
+
 @pytest.mark.parametrize("how", ["refused", "silent"])
+@pytest.mark.parametrize("transport", sorted(BROKERS))
 def test_the_python_api_raises_within_a_second_with_the_saved_run(
-    stack: Stack, silent_port: int, how: str
+    stack: Stack, silent_port: int, how: str, transport: str
 ) -> None:
     port = closed_port() if how == "refused" else silent_port
-    down = elsewhere(stack, broker_url=f"amqp://guest:pw@127.0.0.1:{port}//")
+    down = elsewhere(stack, broker_url=BROKERS[transport].format(port=port))
     owner = f"o-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
     with pytest.raises(BrokerUnavailable) as raised:
         down.launch(RESEARCH, {"topic": "x"}, owner=owner, request_id="r-1")
     took = time.perf_counter() - started
-    assert took < 1.0, f"{how}: {took:.2f}s"
-    assert raised.value.broker == f"amqp://guest:**@127.0.0.1:{port}//"
+    assert took < 1.0, f"{transport} {how}: {took:.2f}s"
+    assert raised.value.broker == BROKERS[transport].format(port=port).replace(":pw@", ":**@")
     assert raised.value.run_id is not None
     assert down.get(raised.value.run_id, owner=owner).status == "queued"
 
