@@ -39,6 +39,7 @@ from orchestration.surfaces import display
 from orchestration.surfaces.cli_common import (
     AsJson,
     Owner,
+    RunId,
     ago,
     console,
     dump,
@@ -193,7 +194,7 @@ def _print_record(call: Callable[[], RunRecord], as_json: bool, owner: str | Non
 
 
 @app.command()
-def show(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
+def show(run_id: RunId, owner: Owner = None, as_json: AsJson = False) -> None:
     """Show one run with its steps."""
     _print_record(lambda: _orchestrator().get(run_id, owner=_owner(owner)), as_json, owner)
 
@@ -235,16 +236,17 @@ def runs(
 
 @app.command()
 def cancel(
-    run_id: str,
+    run_id: RunId,
     graceful: Annotated[
         bool, typer.Option("--graceful", help="Only flag it; the step stops at its next poll.")
     ] = False,
     owner: Owner = None,
     as_json: AsJson = False,
 ) -> None:
-    """Cancel a run; returns once its row is terminal (unless --graceful). A run that had
-    already ended is left as it is: "already completed; nothing to cancel" (with --json,
-    "changed": false), exit status 0."""
+    """Cancel a run; returns once it is terminal (unless --graceful).
+
+    A run that had already ended is left as it is: "already completed; nothing to cancel"
+    (with --json, "changed": false), exit status 0."""
     try:
         done = _orchestrator().cancel_run(run_id, owner=_owner(owner), graceful=graceful)
     except OrchestrationError as exc:
@@ -260,7 +262,7 @@ def cancel(
 
 @app.command()
 def rerun(
-    run_id: str,
+    run_id: RunId,
     from_step: Annotated[
         str | None, typer.Option("--from", help="Rerun from this step (default: the failed one).")
     ] = None,
@@ -268,7 +270,9 @@ def rerun(
     owner: Owner = None,
     as_json: AsJson = False,
 ) -> None:
-    """Launch a new run that reuses the outputs of the steps before the failed (or given) one."""
+    """Run an ended run again from its failed (or a given) step.
+
+    The new run reuses the outputs of the steps before that one."""
     _print_record(
         lambda: _orchestrator().rerun(
             run_id, owner=_owner(owner), from_step=from_step, request_id=request_id
@@ -280,7 +284,7 @@ def rerun(
 
 @app.command()
 def answer(
-    run_id: str,
+    run_id: RunId,
     step: Annotated[str, typer.Option("--step", help="The parked step's id.")],
     value: Annotated[str, typer.Option("--value", help="The answer, as JSON.")],
     owner: Owner = None,
@@ -298,7 +302,7 @@ def answer(
 
 @app.command()
 def approve(
-    run_id: str,
+    run_id: RunId,
     step: Annotated[str, typer.Option("--step", help="The approval step's id.")],
     reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
     comment: Annotated[
@@ -307,7 +311,9 @@ def approve(
     owner: Owner = None,
     as_json: AsJson = False,
 ) -> None:
-    """Decide a run's approval step: approved, it moves on; rejected, it fails."""
+    """Approve (or --reject) a run's approval step.
+
+    Approved, the run moves on; rejected, it fails."""
     _print_record(
         lambda: _orchestrator().approve(
             run_id, step, owner=_owner(owner), approve=not reject, comment=comment
@@ -318,8 +324,10 @@ def approve(
 
 
 @app.command()
-def explain(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
-    """Say why a run is where it is, what moves it next, and its deadline."""
+def explain(run_id: RunId, owner: Owner = None, as_json: AsJson = False) -> None:
+    """Say why a run is where it is and what moves it next.
+
+    Also its deadline, and what is not running that should be (beat, a worker)."""
     try:
         summary = _orchestrator().explain(run_id, owner=_owner(owner))
     except OrchestrationError as exc:
@@ -331,8 +339,8 @@ def explain(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
 
 
 @app.command()
-def events(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
-    """Print a run's journal, oldest first: each status change, its cause and its time."""
+def events(run_id: RunId, owner: Owner = None, as_json: AsJson = False) -> None:
+    """Print a run's journal (every status change), oldest first."""
     try:
         journal = _orchestrator().events(run_id, owner=_owner(owner))
     except OrchestrationError as exc:

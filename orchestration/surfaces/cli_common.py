@@ -47,6 +47,9 @@ Owner = Annotated[
     str | None, typer.Option("--owner", help="Owner of the runs (default: ORCH_OWNER).")
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
+RunId = Annotated[
+    str, typer.Argument(metavar="RUN_ID", help="The run's id, as launch and runs print it.")
+]
 
 
 def dump(value: Any) -> None:

@@ -38,8 +38,9 @@ def register(
     owner: Owner = None,
     as_json: AsJson = False,
 ) -> None:
-    """Store a validated definition as the next version of its name (the same content again
-    is a no-op that prints the version it already is)."""
+    """Store a definition as the next version of its name.
+
+    The same content again is a no-op that prints the version it already is."""
     from orchestration.workflows import load_file
 
     try:
@@ -56,7 +57,9 @@ def register(
 
 @workflows_app.command("list")
 def list_workflows(owner: Owner = None, as_json: AsJson = False) -> None:
-    """The owner's definitions and the published ones, every version, newest first."""
+    """List the owner's definitions and the published ones.
+
+    Every version, newest first."""
     try:
         orch, who = orchestrator_and_owner(owner)
         found = orch.workflows(owner=who)

@@ -34,7 +34,9 @@ def age(text: str) -> timedelta:
 
 
 def sweep(as_json: AsJson = False) -> None:
-    """Run one sweeper pass now (beat does this every ORCH_SWEEP_INTERVAL)."""
+    """Run one sweeper pass now, as beat does periodically.
+
+    Beat sends one every ORCH_SWEEP_INTERVAL."""
     from orchestration.db import check_ready
     from orchestration.runtime.celery_queue import client_executor
     from orchestration.runtime.readiness import require_database
@@ -60,7 +62,9 @@ def prune(
     batch: Annotated[int, typer.Option(min=1, help="Runs per transaction.")] = 500,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for programs.")] = False,
 ) -> None:
-    """Delete runs that ended before --older-than with all their rows, in bounded batches."""
+    """Delete the runs that ended before --older-than.
+
+    Each run goes with all its rows, in bounded batches."""
     from orchestration import retention
     from orchestration.db import check_ready, utcnow
     from orchestration.runtime.executor import Executor
@@ -87,8 +91,9 @@ def prune(
 def health(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for programs.")] = False,
 ) -> None:
-    """Check the database, the broker and the sweeper's liveness; exit 1 if any is down
-    (naming its address, password masked, and the cause)."""
+    """Check the database, broker and sweeper; exit 1 if one is down.
+
+    A part that is down is named by its address (password masked) and the cause."""
     from orchestration.runtime.liveness import check
     from orchestration.settings import get_settings
 
@@ -108,7 +113,9 @@ def demo(
         str | None, typer.Option(help="Run examples/NAME.yaml to its end instead (shapes).")
     ] = None,
 ) -> None:
-    """Run the demo: a real worker on SQLite and an embedded broker (or --example NAME)."""
+    """Run the demo: a worker, SQLite and an embedded broker.
+
+    With --example NAME, run that example workflow instead."""
     from orchestration.surfaces.demo import run_demo
 
     raise typer.Exit(run_demo(_out, example))

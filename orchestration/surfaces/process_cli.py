@@ -24,12 +24,16 @@ def _start(process: str, *args: str) -> None:
 
 
 def worker(ctx: typer.Context) -> None:
-    """Start a Celery worker (prefork); extra arguments go to 'celery worker'."""
+    """Start a worker (prefork); more arguments go to 'celery worker'.
+
+    It checks its database and broker first: one line and exit 2 if either is wrong."""
     _start("worker", "--loglevel", "INFO", "-E", *ctx.args)
 
 
 def beat(ctx: typer.Context) -> None:
-    """Start Celery beat (run exactly one); extra arguments go to 'celery beat'."""
+    """Start the beat (run exactly one); more arguments go to Celery.
+
+    It checks its database and broker first: one line and exit 2 if either is wrong."""
     _start("beat", "--loglevel", "INFO", *ctx.args)
 
 

@@ -34,7 +34,9 @@ Name = Annotated[str, typer.Argument(help="The registered workflow's name.")]
 
 @schedules_app.command("list")
 def list_schedules(owner: Owner = None, as_json: AsJson = False) -> None:
-    """The owner's schedules: next fire times, paused or not, the last fires and their runs."""
+    """List the owner's schedules, their next and last fires.
+
+    Paused or not, and the runs the last fires made."""
     try:
         orch, who = orchestrator_and_owner(owner)
         found = orch.schedules(owner=who)
@@ -75,20 +77,26 @@ def _switch(name: str, owner: str | None, *, paused: bool) -> None:
 
 @schedules_app.command("pause")
 def pause(name: Name, owner: Owner = None) -> None:
-    """Pause: its fires are neither recorded nor launched until it is resumed."""
+    """Pause a schedule: nothing fires until it is resumed.
+
+    Its fires are neither recorded nor launched meanwhile."""
     _switch(name, owner, paused=True)
 
 
 @schedules_app.command("resume")
 def resume(name: Name, owner: Owner = None) -> None:
-    """Resume: fires missed meanwhile inside its catchup_window are launched, older ones
-    recorded as skipped."""
+    """Resume a paused schedule.
+
+    Fires missed meanwhile inside its catchup_window are launched, older ones recorded as
+    skipped."""
     _switch(name, owner, paused=False)
 
 
 @schedules_app.command("fire")
 def fire() -> None:
-    """One pass of every owner's schedules now, as the beat runs it (counts as JSON)."""
+    """Fire every owner's due schedules now, as the beat does.
+
+    Prints the pass's counts as JSON."""
     from orchestration import schedules
 
     try:

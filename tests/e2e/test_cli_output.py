@@ -258,6 +258,9 @@ def test_help_text_is_clean() -> None:
         assert shown.exit_code == 0, (path, shown.output)
         assert "``" not in shown.output and "<bool>" not in shown.output, (path, shown.output)
         assert all(len(line) <= 80 for line in shown.output.splitlines()), shown.output
+        lines = shown.output.splitlines()
+        cut = [line for line in lines if line.endswith("...") and "Usage:" not in line]
+        assert not cut, f"a command's summary is cut: {cut}"
     launch = runner.invoke(app, ["launch", "--help"], env={"COLUMNS": "80"}).output
     assert "NAME[@VERSION]" in launch, launch
 

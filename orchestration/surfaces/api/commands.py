@@ -96,7 +96,9 @@ def create(
 def list_tokens(
     owner: Annotated[str | None, typer.Option("--owner", help="Only this owner's.")] = None,
 ) -> None:
-    """List tokens by id (a hash prefix), owner, name and state; never the tokens."""
+    """List tokens by id, owner, name and state; never the tokens.
+
+    The id is a prefix of the token's hash."""
     from orchestration.db import session_scope
     from orchestration.settings import get_settings
     from orchestration.surfaces.api import tokens
