@@ -10,7 +10,6 @@ markup (``cli_common``).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from typer._click import Context as ClickContext  # typer vendors click; its groups take this
 from typer.core import TyperGroup
 
@@ -46,6 +45,7 @@ from orchestration.surfaces.cli_common import (
     err,
     error_line,
     failed,
+    json_arg,
 )
 
 
@@ -104,20 +104,10 @@ def _fail(exc: OrchestrationError, as_json: bool, owner: str | None = None) -> N
 
 
 def _database_error(exc: SQLAlchemyError) -> str:
-    """The driver's own first line (e.g. "connection refused"), without SQLAlchemy's SQL echo
-    and documentation link."""
-    cause = exc.orig if isinstance(exc, DBAPIError) else exc
-    first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-    return f"database: {first}"
+    """The driver's own first line (e.g. "connection refused"), not SQLAlchemy's SQL echo."""
+    from orchestration.runtime.readiness import first_line
 
-
-def _json_arg(text: str | None, field: str) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValidationError(field, f"is not valid JSON: {exc.msg}") from None
+    return f"database: {first_line(exc)}"
 
 
 @app.command()
@@ -142,7 +132,7 @@ def launch(
         definition = file if named else load_file(file)
         record = _orchestrator().launch(
             definition,
-            _json_arg(args, "args"),
+            json_arg(args, "args"),
             owner=_owner(owner),
             request_id=request_id,
             concurrency_key=concurrency_key,
@@ -292,9 +282,7 @@ def answer(
 ) -> None:
     """Answer a run parked for a human; it resumes."""
     _print_record(
-        lambda: _orchestrator().answer(
-            run_id, step, _json_arg(value, "value"), owner=_owner(owner)
-        ),
+        lambda: _orchestrator().answer(run_id, step, json_arg(value, "value"), owner=_owner(owner)),
         as_json,
         owner,
     )

@@ -63,6 +63,16 @@ def _default(value: Any) -> Any:
     raise TypeError(f"not JSON: {type(value).__name__}")
 
 
+def json_arg(text: str | None, field: str) -> Any:
+    """An option's JSON (``--args``, ``--value``); :class:`ValidationError` naming ``field``."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(field, f"is not valid JSON: {exc.msg}") from None
+
+
 def one_line(text: str) -> str:
     """``text`` with every run of white space, line breaks included, one space."""
     return " ".join(text.split())
