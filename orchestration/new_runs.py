@@ -104,7 +104,11 @@ def rows(
     ]
     events = [
         queued_event(
-            run_id, f"rerun of {reuse.rerun_of} from step {first}" if reuse else "launched", now
+            run_id,
+            f"rerun of {reuse.rerun_of} from step {definition['steps'][first]['id']!r}"
+            if reuse
+            else "launched",
+            now,
         ),
         *(
             RunEvent(
