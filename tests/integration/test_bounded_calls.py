@@ -48,9 +48,13 @@ pytestmark = pytest.mark.integration
 BOUND = 2.0
 MARGIN = 1.5
 SECRET = "s3cret-bound-token-91ae"
+#: Loopback, granted explicitly (the default list is empty).
+LOOPBACK = "localhost,127.0.0.0/8,::1"
 SETTINGS = Settings(
     provider_timeout=BOUND,
-    provider_secrets={"AGENT_TOKEN": ["127.0.0.1", "agent.test"]},
+    provider_hosts=LOOPBACK,
+    # agent.test is reached over http in these tests: its entry says so.
+    provider_secrets={"AGENT_TOKEN": ["127.0.0.1", "http://agent.test"]},
 )
 KEY = "run-1:step:1"
 
