@@ -97,8 +97,9 @@ class Settings(TenantLimits):
     stop_attempts: int = Field(5, ge=1, le=20)
     #: Hosts, ports and networks provider and webhook URLs may reach: comma-separated
     #: ``HOST``, ``HOST:PORT``, an IP, ``CIDR``, ``[IPV6]:PORT`` or ``[IPV6-CIDR]:PORT``
-    #: entries. Loopback by default; metadata addresses only when listed exactly.
-    provider_hosts: str = "localhost,127.0.0.0/8,::1"
+    #: entries. Empty by default (loopback too is the operator's to grant); metadata
+    #: addresses only when listed exactly.
+    provider_hosts: str = ""
     #: Secrets a workflow may name, each with the hosts it may be sent to, as JSON:
     #: ``{"AGENT_TOKEN": ["agents.example.com:443"]}``; the value is the worker's environment
     #: variable of that name.

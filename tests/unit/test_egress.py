@@ -179,6 +179,34 @@ def test_the_loopback_list_allows_loopback_only(url: str, allowed: bool) -> None
     assert LOOPBACK.permits_url(url) is allowed
 
 
+def test_the_default_list_is_empty_and_refuses_every_provider_url_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loopback is not granted by default: the API, Flower and /metrics listen there."""
+    monkeypatch.delenv("ORCH_PROVIDER_HOSTS", raising=False)
+    settings = load_settings()
+    assert settings.provider_hosts == ""
+    asked: list[str] = []
+
+    def resolver(host: str) -> Sequence[str]:
+        asked.append(host)
+        return ["127.0.0.1"]
+
+    for base in ("http://127.0.0.1:8000", "http://localhost:5555", "https://agents.example.com"):
+        with pytest.raises(ValidationError) as caught:
+            HttpProvider(settings, resolver=resolver).validate(http_options(base))
+        assert caught.value.field == "start.url"
+        assert "ORCH_PROVIDER_HOSTS is empty" in caught.value.problem
+        with pytest.raises(ValidationError, match="ORCH_PROVIDER_HOSTS is empty"):
+            LangGraphProvider(settings, resolver=resolver).validate(
+                {"url": base, "assistant_id": "a"}
+            )
+    empty = GuardedBackend(AllowList.parse(settings.provider_hosts), Deadline(2), resolver)
+    with pytest.raises(PermanentProviderError, match="ORCH_PROVIDER_HOSTS is empty"):
+        empty.connect_tcp("localhost", 8000)
+    assert asked == ["localhost"], "the launch check looks nothing up"
+
+
 def test_sensitive_addresses_need_their_own_entry() -> None:
     everything = AllowList.parse("0.0.0.0/0,::/0")
     for url in (
