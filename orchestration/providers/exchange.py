@@ -26,7 +26,7 @@ from orchestration.host_lookups import LaunchChecks, check_launch_url, shared_de
 from orchestration.providers import budget
 from orchestration.providers import headers as header_rules
 from orchestration.providers.base import JSON
-from orchestration.providers.request_budget import RequestBudget, fill_body
+from orchestration.providers.request_budget import Body, RequestBudget, fill_body
 from orchestration.providers.transport import Deadline, bounded_client
 from orchestration.settings import Settings
 
@@ -80,7 +80,7 @@ class Exchange:
         *,
         what: str,
         json_body: JSON = None,
-        content: bytes | None = None,
+        content: Body | None = None,
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, Any] | None = None,
         accept: Collection[int] = (),
@@ -108,8 +108,11 @@ class Exchange:
             budget.charge(len(urlencode(params, doseq=True)) + 1)
         if json_body is not None:
             content = fill_body(json_body, {}, budget)
-        if content is not None and not any(name.lower() == "content-type" for name in sent):
-            sent["Content-Type"] = "application/json"
+        if content is not None:
+            # Its length given, the body goes as it was charged, piece by piece, never joined.
+            sent = header_rules.merged(
+                {"Content-Type": "application/json"}, sent, {"Content-Length": str(content.size)}
+            )
         try:
             request = self._client.build_request(
                 method, url, content=content, headers=sent, params=params

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -30,6 +30,8 @@ from orchestration.templating import MAX_DEPTH
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 #: Most placeholders one step's provider options may hold, all its templates together.
 MAX_PLACEHOLDERS = 64
+#: Largest piece of a body handed to the transport at once.
+CHUNK_BYTES = 65536
 
 
 class RequestBudget:
@@ -159,11 +161,43 @@ def _embedded(value: Any) -> bytes:
     return _inside(value if isinstance(value, str) else json.dumps(value))
 
 
-def fill_body(template: Any, values: Mapping[str, Any], budget: RequestBudget) -> bytes:
+@dataclass(frozen=True)
+class Body:
+    """A rendered JSON body as the pieces it was charged in. It is never joined whole: the
+    transport sends it chunk by chunk (a value named many times is one object, referenced),
+    and it can be sent again (a retry within the call)."""
+
+    pieces: tuple[bytes, ...]
+    size: int
+
+    def __iter__(self) -> Iterator[bytes]:
+        waiting: list[bytes] = []
+        held = 0
+        for piece in self.pieces:
+            if len(piece) >= CHUNK_BYTES:
+                if waiting:
+                    yield b"".join(waiting)
+                    waiting, held = [], 0
+                for start in range(0, len(piece), CHUNK_BYTES):
+                    yield piece[start : start + CHUNK_BYTES]
+                continue
+            waiting.append(piece)
+            held += len(piece)
+            if held >= CHUNK_BYTES:
+                yield b"".join(waiting)
+                waiting, held = [], 0
+        if waiting:
+            yield b"".join(waiting)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
+
+
+def fill_body(template: Any, values: Mapping[str, Any], budget: RequestBudget) -> Body:
     """The JSON body ``template`` fills to (see the module docstring), within ``budget``."""
     body = _Body(values, budget)
     body.write(template)
-    return b"".join(body.pieces)
+    return Body(tuple(body.pieces), sum(map(len, body.pieces)))
 
 
 def count(template: Any, names: Collection[str], field: str, depth: int = 0) -> int:

@@ -29,6 +29,7 @@ from orchestration.providers.base import TurnRequest
 from orchestration.providers.http import HttpProvider
 from orchestration.providers.langgraph import LangGraphProvider
 from orchestration.providers.request_budget import (
+    CHUNK_BYTES,
     MAX_PLACEHOLDERS,
     RequestBudget,
     Verbatim,
@@ -135,11 +136,11 @@ def test_the_7_gb_body_fails_fast_and_builds_less_than_the_budget(
 
 def test_a_request_that_fits_is_built_whole_and_one_byte_more_is_not() -> None:
     budget = RequestBudget(2000, "test")
-    body = fill_body({"q": "{task}", "n": [1, 2]}, {"task": "x" * 100}, budget)
+    body = bytes(fill_body({"q": "{task}", "n": [1, 2]}, {"task": "x" * 100}, budget))
     assert json.loads(body) == {"q": "x" * 100, "n": [1, 2]}
     assert budget.used == len(body)
     exact = RequestBudget(len(body), "test")
-    assert fill_body({"q": "{task}", "n": [1, 2]}, {"task": "x" * 100}, exact) == body
+    assert bytes(fill_body({"q": "{task}", "n": [1, 2]}, {"task": "x" * 100}, exact)) == body
     with pytest.raises(RequestOverLimit):
         fill_body(
             {"q": "{task}", "n": [1, 2]}, {"task": "x" * 100}, RequestBudget(len(body) - 1, "t")
@@ -271,7 +272,7 @@ def test_the_body_is_the_plain_fill_sent_as_httpx_sends_json(
         reference_fill(template, values), ensure_ascii=False, separators=(",", ":")
     ).encode()
     budget = RequestBudget(10**7, "test")
-    assert fill_body(template, values, budget) == expected
+    assert bytes(fill_body(template, values, budget)) == expected
     assert budget.used == len(expected)
 
 
@@ -291,4 +292,17 @@ def test_verbatim_parts_are_never_filled() -> None:
     body = fill_body(
         {"id": Verbatim("{task}"), "input": "{task}"}, {"task": "filled"}, RequestBudget(100, "t")
     )
-    assert json.loads(body) == {"id": "{task}", "input": "filled"}
+    assert json.loads(bytes(body)) == {"id": "{task}", "input": "filled"}
+
+
+def test_a_body_goes_out_in_bounded_chunks_without_being_joined() -> None:
+    task = "v" * 200_000
+    body = fill_body(
+        ["{task}", "{task}", {"k": "{task}"}], {"task": task}, RequestBudget(10**6, "t")
+    )
+    encoded = body.pieces[1]
+    assert sum(piece is encoded for piece in body.pieces) == 3, "encoded once, referenced"
+    chunks = list(body)
+    assert max(map(len, chunks)) <= CHUNK_BYTES
+    assert b"".join(chunks) == bytes(body) and sum(map(len, chunks)) == body.size
+    assert list(body) == chunks, "it can be sent again"
