@@ -104,11 +104,6 @@ class Settings(TenantLimits):
     #: ``{"AGENT_TOKEN": ["agents.example.com:443"]}``; the value is the worker's environment
     #: variable of that name.
     provider_secrets: dict[str, list[str]] = Field(default_factory=dict)
-    #: Bytes one request a worker builds may take (URL, headers and body together), for
-    #: every provider call and the webhook; charged while the request is rendered.
-    max_request_bytes: int = Field(1048576, ge=4096)
-    #: Bytes of one step's ``with:`` options as JSON, checked at launch.
-    max_options_bytes: int = Field(65536, ge=256)
     #: One budget for a launch's lookups of the URL hosts not listed by name (seconds).
     launch_check_seconds: float = Field(2.0, gt=0, le=60)
     #: Most distinct host names a workflow may name that ``ORCH_PROVIDER_HOSTS`` does not
@@ -320,13 +315,6 @@ class Settings(TenantLimits):
             raise ValueError(
                 "message signing needs all of ORCH_SECURITY_KEY, ORCH_SECURITY_CERTIFICATE "
                 "and ORCH_SECURITY_CERT_STORE"
-            )
-        fits = self.max_rendered_task_bytes + self.max_options_bytes
-        if self.max_request_bytes < fits:
-            raise ValueError(
-                f"ORCH_MAX_REQUEST_BYTES ({self.max_request_bytes}) must be at least "
-                "ORCH_MAX_RENDERED_TASK_BYTES + ORCH_MAX_OPTIONS_BYTES "
-                f"({fits}): a start that sends its task once must fit"
             )
         if self.visibility_timeout <= 2 * self.heartbeat_timeout:
             raise ValueError(
