@@ -3,8 +3,8 @@
 A launch, a definition's registration and a schedule's fire check every URL the workflow
 names against ``ORCH_PROVIDER_HOSTS`` (:mod:`orchestration.egress`). A host listed by name,
 or an IP literal, needs no lookup. Every other name is looked up, and those lookups are what
-a hostile workflow could multiply: one after another, 978 slow names would hold an API
-thread for half an hour. So, inside :func:`shared_deadline`:
+a hostile workflow could multiply: one after another, hundreds of slow names would hold an
+API thread for many minutes. So, inside :func:`shared_deadline`:
 
 - the distinct names of the workflow are looked up concurrently, in a bounded pool of
   threads (:data:`POOL_THREADS`) shared by the process, and a name already being looked up

@@ -69,10 +69,6 @@ class Exchange:
         """``text`` with every declared secret replaced, fit for an error message."""
         return secrets.redact(text, self._settings)
 
-    def budget(self, what: str) -> RequestBudget:
-        """A fresh ``ORCH_MAX_REQUEST_BYTES`` budget for one request."""
-        return RequestBudget(self._settings.max_request_bytes, what)
-
     def send(
         self,
         method: str,
@@ -85,19 +81,20 @@ class Exchange:
         params: Mapping[str, Any] | None = None,
         accept: Collection[int] = (),
         repeatable: bool = True,
-        budget: RequestBudget | None = None,
+        charged: RequestBudget | None = None,
     ) -> Reply:
         """One request; a 2xx or a status in ``accept`` is returned, anything else raises.
 
         The request is bounded before it is built: the URL, the headers, the query and the
-        body are charged to ``budget`` (``ORCH_MAX_REQUEST_BYTES``), whose caller has charged
-        it already for what it rendered (the URL and a ``content``), or to a fresh one that
-        starts with the URL. ``content`` is a JSON body already rendered; ``json_body`` is
-        rendered here. Headers are checked again as a workflow may write them (no framing
-        or routing header, no CR/LF/NUL), and the engine's ``Accept-Encoding`` wins.
-        """
+        body are charged to one ``ORCH_MAX_REQUEST_BYTES`` budget: ``charged``, which the
+        caller has charged already for what it rendered (the URL and a ``content``), or a
+        fresh one that starts with the URL. ``content`` is a JSON body already rendered;
+        ``json_body`` is rendered here. Headers are checked again as a workflow may write
+        them (no framing or routing header, no CR/LF/NUL); the engine's ``Accept-Encoding``
+        wins."""
+        budget = charged
         if budget is None:
-            budget = self.budget(what)
+            budget = RequestBudget(self._settings.max_request_bytes, what)
             budget.charge(len(url.encode()))
         sent = header_rules.merged(headers or {}, {"Accept-Encoding": "identity"})
         problem = header_rules.first_problem(headers or {})

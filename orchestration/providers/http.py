@@ -105,7 +105,11 @@ def _check_headers(headers: Any, field: str) -> None:
         raise ValidationError(field, "must be a mapping of header name to value")
     for name, value in headers.items():
         where = f"{field}.{name}"
-        problem = header_rules.name_problem(str(name))
+        problem = (
+            header_rules.name_problem(name)
+            if isinstance(name, str)
+            else "must be a header name as text, such as X-Request-Id"
+        )
         if problem is not None:
             raise ValidationError(where, problem)
         if isinstance(value, str):
@@ -286,7 +290,7 @@ class HttpProvider:
                 content=content,
                 headers=headers,
                 accept=accept,
-                budget=budget,
+                charged=budget,
             )
 
     def start(self, request: TurnRequest) -> str:

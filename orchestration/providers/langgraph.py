@@ -240,7 +240,7 @@ class LangGraphProvider:
                 content=content,
                 accept=(409,),
                 repeatable=False,
-                budget=budget,
+                charged=budget,
             )
             if reply.status == 409:
                 # A racing start with the same key won, or an earlier attempt's run still holds

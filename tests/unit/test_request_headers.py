@@ -87,6 +87,7 @@ def test_routing_and_framing_headers_are_refused_at_launch(name: str) -> None:
         ("start", {"Bad Name": "x"}, "start.headers.Bad Name", "not a header name"),
         ("start", {"X-A:b": "x"}, "start.headers.X-A:b", "not a header name"),
         ("start", {"": "x"}, "start.headers.", "not a header name"),
+        ("start", {7: "x"}, "start.headers.7", "as text"),
         ("cancel", {"X-Ok": "a\r\nHost: evil"}, "cancel.headers.X-Ok", "CR, LF or NUL"),
         ("status", {"X-Ok": "a\nb"}, "status.headers.X-Ok", "CR, LF or NUL"),
         ("start", {"X-Ok": "a\x00"}, "start.headers.X-Ok", "CR, LF or NUL"),
