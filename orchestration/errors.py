@@ -137,3 +137,10 @@ class PermanentProviderError(ProviderError):
     fails with this message."""
 
     code = "provider_rejected"
+
+
+class RequestOverLimit(PermanentProviderError):
+    """A request a worker would build is over ``ORCH_MAX_REQUEST_BYTES``: nothing was sent,
+    and the step fails ``over_limit``."""
+
+    code = "over_limit"

@@ -21,6 +21,8 @@ from pydantic import ValidationError as PydanticValidationError
 
 from orchestration import args_schema, providers, templating
 from orchestration.errors import LimitExceeded, ValidationError
+from orchestration.host_lookups import fields_under
+from orchestration.providers.exchange import launch_checks
 from orchestration.settings import Settings
 from orchestration.step_specs import (
     DEFAULT_MAX_POLL_INTERVAL,
@@ -78,9 +80,11 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
     if args is None and spec.schedule is not None:
         args = spec.schedule.args
     earlier: list[str] = []
-    for index, step in enumerate(spec.steps):
-        _check_step(step, f"steps[{index}]", settings, args, earlier)
-        earlier.append(step.id)
+    # The provider URLs' lookups run concurrently and share one deadline.
+    with launch_checks(settings):
+        for index, step in enumerate(spec.steps):
+            _check_step(step, f"steps[{index}]", settings, args, earlier)
+            earlier.append(step.id)
     return spec
 
 
@@ -105,11 +109,18 @@ def _check_step(
             f"{where}.provider",
             f"unknown provider {step.provider!r}; known: {', '.join(providers.names())}",
         )
+    size = plain_json(step.options, f"{where}.with")
+    if size > settings.max_options_bytes:
+        raise LimitExceeded(
+            f"{where}.with",
+            f"{size} bytes is over the limit of {settings.max_options_bytes} "
+            "(ORCH_MAX_OPTIONS_BYTES)",
+        )
     try:
-        providers.get_provider(step.provider, settings).validate(step.options)
+        with fields_under(f"{where}.with."):
+            providers.get_provider(step.provider, settings).validate(step.options)
     except ValidationError as exc:
-        raise ValidationError(f"{where}.with.{exc.field}".rstrip("."), exc.problem) from None
-    plain_json(step.options, f"{where}.with")
+        raise type(exc)(f"{where}.with.{exc.field}".rstrip("."), exc.problem) from None
     size = plain_json(step.task, f"{where}.task")
     if size > settings.max_task_bytes:
         raise LimitExceeded(

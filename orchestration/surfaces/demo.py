@@ -44,6 +44,9 @@ DEMO_SETTINGS = {
     "ORCH_VISIBILITY_TIMEOUT": "120",
     "ORCH_SWEEP_INTERVAL": "5",
     "ORCH_OWNER": "demo",
+    # The demo grants loopback itself (the default list grants nothing): an example may
+    # name a local agent service.
+    "ORCH_PROVIDER_HOSTS": "localhost,127.0.0.0/8,::1",
 }
 #: The args each example that takes any is run with.
 EXAMPLE_ARGS: dict[str, dict[str, Any]] = {

@@ -279,6 +279,8 @@ def render_default(name: str) -> str:
     assert value is not PydanticUndefined, f"setting {name} has no default"
     if value is None:
         return "unset"
+    if value == "":
+        return "empty"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return f"`{value}`"
