@@ -24,6 +24,8 @@ CHAOS_SETTINGS: dict[str, str] = {
     "ORCH_PARK_BUDGET_DEFAULT": "8",
     "ORCH_EFFECT_ATTEMPTS": "3",
     "ORCH_EFFECT_BACKOFF": "0.2",
+    # Loopback is granted explicitly (the default list is empty): providers there are local.
+    "ORCH_PROVIDER_HOSTS": "localhost,127.0.0.0/8,::1",
 }
 
 

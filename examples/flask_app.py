@@ -32,6 +32,7 @@ from typing import Any
 from flask import Flask, Response, g, jsonify, request
 
 from orchestration.errors import (
+    BrokerUnavailable,
     ConflictError,
     DatabaseNotReady,
     IdempotencyConflict,
@@ -59,6 +60,7 @@ STATUS: tuple[tuple[type[OrchestrationError], int], ...] = (
     (IdempotencyConflict, 409),  # the Idempotency-Key was used with other input
     (ConflictError, 409),  # valid, but not now (answer a run that is not parked, ...)
     (DatabaseNotReady, 503),  # run `orchestration db upgrade`
+    (BrokerUnavailable, 503),  # the run is saved (its id in the message); sent when it is back
 )
 
 

@@ -5,7 +5,8 @@ entry is ``HOST``, ``HOST:PORT``, an IP address, a ``CIDR``, or, for IPv6 with a
 ``[ADDR]:PORT`` / ``[CIDR]:PORT``; an entry without a port allows every port.
 
 Two checks use the list. At launch, :meth:`AllowList.permits_url` allows a URL whose host is
-listed by name, or is an IP literal inside a listed network. At connect time,
+listed by name, or is an IP literal inside a listed network (a name that is not listed is
+looked up, see :mod:`orchestration.host_lookups`); an empty list allows nothing. At connect time,
 :meth:`AllowList.refusal` checks each *resolved* address: a host listed by name may resolve
 anywhere, a host that is not must resolve only into listed networks. The caller connects to
 the address it checked, so a second DNS answer cannot slip in.
@@ -30,8 +31,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import httpx
-
-from orchestration.errors import ValidationError
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -58,8 +57,6 @@ _GUARDED: tuple[Network, ...] = tuple(
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
-#: Longest a launch-time lookup of a name that is not listed may take (seconds).
-LAUNCH_RESOLVE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -209,6 +206,11 @@ class AllowList:
             return None
         if self.permits_address(address, port):
             return None
+        if not self.entries:
+            return (
+                f"{host}:{port} is not reachable: ORCH_PROVIDER_HOSTS is empty, so no provider "
+                "URL may be reached; the operator lists the services tenants may use"
+            )
         kind = (
             "a metadata"
             if plain in METADATA
@@ -251,21 +253,36 @@ def system_resolver(host: str) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in found))
 
 
+def addresses_of(host: str, resolver: Resolver = system_resolver) -> list[Address]:
+    """``host``'s addresses, as long as ``resolver`` takes; ``OSError`` when it does not
+    resolve."""
+    literal = ip_literal(host)
+    if literal is not None:
+        return [literal]
+    try:
+        found = resolver(host)
+    except Exception as exc:
+        raise OSError(f"cannot resolve {host}: {exc}") from None
+    addresses = [ipaddress.ip_address(text.split("%")[0]) for text in found]
+    if not addresses:
+        raise OSError(f"cannot resolve {host}: no addresses")
+    return addresses
+
+
 def resolve(host: str, timeout: float, resolver: Resolver = system_resolver) -> list[Address]:
     """``host``'s addresses, waited for at most ``timeout`` seconds.
 
     ``getaddrinfo`` takes no timeout, so it runs in a daemon thread that is abandoned when the
     time is up. Raises ``TimeoutError`` when it is, ``OSError`` when the name does not resolve.
     """
-    literal = ip_literal(host)
-    if literal is not None:
-        return [literal]
-    outcome: list[Sequence[str] | BaseException] = []
+    if ip_literal(host) is not None:
+        return addresses_of(host, resolver)
+    outcome: list[list[Address] | BaseException] = []
     done = threading.Event()
 
     def lookup() -> None:
         try:
-            outcome.append(resolver(host))
+            outcome.append(addresses_of(host, resolver))
         except BaseException as exc:  # handed to the waiting caller
             outcome.append(exc)
         done.set()
@@ -275,46 +292,8 @@ def resolve(host: str, timeout: float, resolver: Resolver = system_resolver) -> 
         raise TimeoutError(f"resolving {host} took longer than {timeout:.1f}s")
     found = outcome[0]
     if isinstance(found, BaseException):
-        raise OSError(f"cannot resolve {host}: {found}")
-    addresses = [ipaddress.ip_address(text.split("%")[0]) for text in found]
-    if not addresses:
-        raise OSError(f"cannot resolve {host}: no addresses")
-    return addresses
-
-
-def check_launch_url(
-    allow: AllowList,
-    url: str,
-    field: str,
-    *,
-    resolver: Resolver = system_resolver,
-    timeout: float = LAUNCH_RESOLVE_SECONDS,
-) -> None:
-    """Refuse, at launch, a URL the allow-list does not permit (``ValidationError`` on
-    ``field``). A host that is not listed by name is looked up once, within ``timeout``, and
-    passes only when every address is in a listed network; the connect-time check repeats
-    this on the addresses actually used."""
-    parts = url.split("/", 3)
-    if "{" in "/".join(parts[:3]):
-        raise ValidationError(field, "placeholders may only appear in the path, not the host")
-    found = host_port(url)
-    if found is None:
-        raise ValidationError(field, f"must be an absolute http(s) URL, not {url!r}")
-    host, port = found
-    if allow.permits_host(host, port):
-        return
-    hint = f"add {entry_for(host, port)} to ORCH_PROVIDER_HOSTS if it is meant to be reached"
-    if ip_literal(host) is not None:
-        raise ValidationError(field, f"{host} port {port} is not allowed; {hint}")
-    try:
-        addresses = resolve(host, timeout, resolver)
-    except (OSError, TimeoutError) as exc:
-        raise ValidationError(field, f"{host} is not listed and {exc}; {hint}") from None
-    refused = [a for a in addresses if allow.refusal(host, port, a) is not None]
-    if refused:
-        raise ValidationError(
-            field, f"{host} port {port} (resolving to {refused[0]}) is not allowed; {hint}"
-        )
+        raise found
+    return found
 
 
 def entry_for(host: str, port: int) -> str:

@@ -98,6 +98,27 @@ class DatabaseNotReady(OrchestrationError):
     code = "database_not_ready"
 
 
+class BrokerUnavailable(OrchestrationError):
+    """The broker did not take a message (unreachable, refused, timed out). The rows written
+    before are durable: a launch's run is saved, and the sweeper sends its step chain once its
+    heartbeat is dead and the broker is back. ``broker`` is the broker's URL with its password
+    masked; ``run_id`` names the saved run when the message was a launch's."""
+
+    code = "broker_unavailable"
+
+    def __init__(self, broker: str, cause: str, run_id: str | None = None) -> None:
+        self.broker = broker
+        self.cause = cause
+        self.run_id = run_id
+        message = f"the broker at {broker} is unreachable ({cause})"
+        if run_id is not None:
+            message += (
+                f"; run {run_id} is saved and will be sent when the broker is back (the "
+                "sweeper re-sends a run whose heartbeat is older than ORCH_HEARTBEAT_TIMEOUT)"
+            )
+        super().__init__(message)
+
+
 class ProviderError(OrchestrationError):
     """A provider call failed."""
 
@@ -116,3 +137,10 @@ class PermanentProviderError(ProviderError):
     fails with this message."""
 
     code = "provider_rejected"
+
+
+class RequestOverLimit(PermanentProviderError):
+    """A request a worker would build is over ``ORCH_MAX_REQUEST_BYTES``: nothing was sent,
+    and the step fails ``over_limit``."""
+
+    code = "over_limit"

@@ -1,11 +1,14 @@
 """``explain``: why a run is where it is, what moves it next, and by when it ends.
 
 Plain words from the run record and the clock, so an operator never reads rows to know
-whether a run is stuck.
+whether a run is stuck. What moves a run next is a worker or the sweeper; the caller says
+whether each is there (:class:`Around`), and ``explain`` never promises one that is not.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,6 +27,51 @@ from orchestration.states import (
     TurnStopStatus,
 )
 from orchestration.step_specs import StepSpec
+
+
+def _nobody() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Around:
+    """What runs beside the database, as the caller found it. ``sweeper``: why no sweeper
+    pass can be counted on (``None``: it passes on time). ``workers``: asked only when the
+    next move waits for a worker, why none can be counted on (``None``: a worker consuming
+    the run queue answered)."""
+
+    sweeper: str | None = None
+    workers: Callable[[], str | None] = field(default=_nobody)
+
+
+#: Run statuses whose next move is a worker's (unless the run is stalled: then the sweeper's).
+_WORKER_STATUSES = frozenset(
+    {RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.CANCELLING}
+)
+#: Parks that end by a poll (a worker's), not by a person.
+_POLLED_PARKS = frozenset({ParkReason.ENGINE_LIMIT, ParkReason.PLATFORM_INTERRUPT})
+
+
+def _waits_for_sweeper(record: RunRecord, status: RunStatus) -> bool:
+    """Whether the next move is the sweeper's: a stalled run's re-arm, a park's expiry, a
+    cancel's enforcement, a queued run's promotion or admission."""
+    return (
+        record.health == Health.STALLED
+        or status in (RunStatus.PARKED, RunStatus.CANCELLING)
+        or (status is RunStatus.QUEUED and record.claim in (ClaimState.QUEUED, ClaimState.SLOT))
+    )
+
+
+def _waits_for_worker(record: RunRecord, status: RunStatus) -> bool:
+    """Whether the next move is a worker's: a step task to pick up, a poll, a retry, an
+    effect, a step that honours a cancel."""
+    if record.health == Health.STALLED:
+        return False
+    if status is RunStatus.QUEUED:
+        return record.claim not in (ClaimState.QUEUED, ClaimState.SLOT)
+    if status is RunStatus.PARKED:
+        return record.park_reason in _POLLED_PARKS
+    return status in _WORKER_STATUSES
 
 
 def _ago(now: datetime, then: datetime | None) -> str:
@@ -133,9 +181,17 @@ def _branches(record: RunRecord, step: StepRecord, expiry: datetime) -> tuple[st
     return why, move
 
 
-def explain(settings: Settings, record: RunRecord, judged: Judged, now: datetime) -> dict[str, Any]:
+def explain(
+    settings: Settings,
+    record: RunRecord,
+    judged: Judged,
+    now: datetime,
+    around: Around | None = None,
+) -> dict[str, Any]:
     """A structured explanation of ``record`` and what the SQL ``judged`` of it at ``now``
-    (:func:`orchestration.health.judge`); ``text`` joins it into sentences."""
+    (:func:`orchestration.health.judge`); ``text`` joins it into sentences. With ``around``,
+    a next move that waits for a sweeper or a worker that is not there says so, and what to
+    start."""
     status = RunStatus(record.status)
     step = _current(record)
     where = f"step {step.step_id!r} ({step.status}, attempt {step.attempt})" if step else "no step"
@@ -207,6 +263,14 @@ def explain(settings: Settings, record: RunRecord, judged: Judged, now: datetime
         next_move = _next_poll(settings, step.next_poll_at if step else None, now)
     if record.health == Health.STALLED:
         why, next_move = _stalled(settings, record, judged, why, now)
+    live = record.health != Health.ENDED
+    sweeper = around.sweeper if around is not None and live else None
+    if around is not None and live:
+        missing = [sweeper] if sweeper and _waits_for_sweeper(record, status) else []
+        if _waits_for_worker(record, status) and (workers := around.workers()) is not None:
+            missing.append(workers)
+        if missing:
+            next_move += "; but " + "; and ".join(missing)
     summary = {
         "run_id": record.id,
         "status": record.status,
@@ -218,14 +282,15 @@ def explain(settings: Settings, record: RunRecord, judged: Judged, now: datetime
         "heartbeat_at": record.heartbeat_at,
         "needs_review": record.needs_review,
     }
+    if record.deadline_at is None:
+        ends = "It has no deadline: it is terminal."
+    elif sweeper is not None:
+        ends = f"Its deadline_at is {_at(record.deadline_at)}, which only the sweeper enforces"
+        ends += "." if _waits_for_sweeper(record, status) else f", but {sweeper}."
+    else:
+        ends = f"It will be terminal or re-armed by {_at(record.deadline_at)}."
     summary["text"] = (
         f"Run {record.id} is {record.status} (health: {record.health}) because {why}. "
-        f"Next: {next_move}. "
-        + (
-            f"It will be terminal or re-armed by {_at(record.deadline_at)}."
-            if record.deadline_at
-            else "It has no deadline: it is terminal."
-        )
-        + (" Flagged for review." if record.needs_review else "")
+        f"Next: {next_move}. {ends}" + (" Flagged for review." if record.needs_review else "")
     )
     return summary

@@ -148,5 +148,5 @@ def new_step(
 def _rerun_cause(reuse: Reuse, steps: list[dict[str, Any]]) -> str:
     """A rerun's first cause names the run it reruns and the step it starts at."""
     if reuse.first < len(steps):
-        return f"rerun of {reuse.rerun_of} from step {steps[reuse.first]['id']}"
+        return f"rerun of {reuse.rerun_of} from step {steps[reuse.first]['id']!r}"
     return f"rerun of {reuse.rerun_of}"

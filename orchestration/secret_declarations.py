@@ -1,5 +1,6 @@
 """``ORCH_PROVIDER_SECRETS`` as the settings load it: which secret names the operator
-declared, and the hosts each may be sent to (allow-list entries, see :mod:`egress`).
+declared, and the hosts each may be sent to (allow-list entries, see :mod:`egress`, each
+optionally after ``https://``, or ``http://`` to allow cleartext to that host).
 
 Kept apart from :mod:`orchestration.secrets`, which reads the settings, so that the settings
 can check the declaration without importing what depends on them.
@@ -15,6 +16,18 @@ from typing import Any
 from orchestration.egress import AllowList
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The prefix of an entry that lets its secret travel in cleartext.
+CLEARTEXT = "http://"
+_SCHEMES = (CLEARTEXT, "https://")
+
+
+def split_scheme(entry: str) -> tuple[str | None, str]:
+    """An entry's scheme prefix (``http://``, ``https://`` or ``None``) and its host part
+    (without a trailing ``/``)."""
+    for scheme in _SCHEMES:
+        if entry.strip().lower().startswith(scheme):
+            return scheme, entry.strip()[len(scheme) :].rstrip("/")
+    return None, entry
 
 
 def decode_declared(value: Any) -> Any:
@@ -53,7 +66,13 @@ def check_declared(declared: Mapping[str, list[str]]) -> None:
             raise ValueError(f"{name}: ORCH_ variables are configuration, not secrets")
         if not hosts:
             raise ValueError(f"{name}: list the hosts it may be sent to")
+        for host in hosts:
+            scheme, rest = split_scheme(host)
+            if scheme is not None and "/" in rest:
+                raise ValueError(
+                    f"{name}: entry {host!r}: after {scheme} write only HOST or HOST:PORT"
+                )
         try:
-            AllowList.of(hosts)
+            AllowList.of(split_scheme(host)[1] for host in hosts)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None

@@ -5,10 +5,13 @@ its value is the worker's environment variable ``NAME``. Workflows are written b
 so a name is usable only when the operator declared it in ``ORCH_PROVIDER_SECRETS`` with the
 hosts it may travel to (allow-list entries, see :mod:`orchestration.egress`): otherwise a
 workflow could send ``AWS_SECRET_ACCESS_KEY`` to a server of its own. ``ORCH_`` names are
-configuration, never secrets.
+configuration, never secrets. A secret goes only over https, unless the entry that binds it
+names ``http://`` or the URL's host is loopback: a secret bound to ``host:443`` is not sent
+in cleartext to ``http://host:443/``.
 
 Services echo what they got; :func:`redact` and :func:`redact_json` take every declared
-secret that is set out of a string or JSON value before it is stored or shown.
+secret that is set out of a string or JSON value before it is stored or shown, in the forms
+:mod:`orchestration.redaction` knows (best effort: the binding is the guarantee).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import json
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, quote_plus
 
-from orchestration.egress import AllowList, entry_for, host_port
+from orchestration import redaction
+from orchestration.egress import AllowList, entry_for, host_port, ip_literal
 from orchestration.errors import PermanentProviderError, ValidationError
+from orchestration.secret_declarations import CLEARTEXT, split_scheme
 
 if TYPE_CHECKING:
     from orchestration.settings import Settings
@@ -35,11 +39,20 @@ def _where(url: str) -> str:
     return entry_for(*found)
 
 
+def _loopback(url: str) -> bool:
+    found = host_port(url)
+    if found is None:
+        return False
+    literal = ip_literal(found[0])
+    return found[0].lower() == "localhost" if literal is None else literal.is_loopback
+
+
 def binding_problem(name: str, url: str, settings: Settings) -> str | None:
     """Why secret ``name`` may not be sent to ``url``, or ``None`` when it may.
 
     Bound by name or IP literal only (no lookup): the connect-time check of
-    ``ORCH_PROVIDER_HOSTS`` decides where the name may then lead.
+    ``ORCH_PROVIDER_HOSTS`` decides where the name may then lead. Over http only through
+    an entry that names ``http://``, or to a loopback host.
     """
     where = _where(url)
     if name.upper().startswith("ORCH_"):
@@ -51,11 +64,19 @@ def binding_problem(name: str, url: str, settings: Settings) -> str | None:
             f"{name} is not declared in ORCH_PROVIDER_SECRETS; the operator declares it with "
             f"the hosts it may be sent to, e.g. ORCH_PROVIDER_SECRETS='{example}'"
         )
-    if AllowList.of(hosts).permits_url(url):
+    entries = [split_scheme(host) for host in hosts]
+    bound = [scheme for scheme, entry in entries if AllowList.of([entry]).permits_url(url)]
+    if not bound:
+        return (
+            f"{name} may be sent only to {', '.join(hosts)}, not to {where}; add {where} to its "
+            "hosts in ORCH_PROVIDER_SECRETS, or name another secret"
+        )
+    if url.lower().startswith("https://") or CLEARTEXT in bound or _loopback(url):
         return None
     return (
-        f"{name} may be sent only to {', '.join(hosts)}, not to {where}; add {where} to its "
-        "hosts in ORCH_PROVIDER_SECRETS, or name another secret"
+        f"{name} may be sent to {where} over https only, not in cleartext to "
+        f'{CLEARTEXT}{where}; use https, or declare "{CLEARTEXT}{where}" among its hosts in '
+        "ORCH_PROVIDER_SECRETS if cleartext is meant"
     )
 
 
@@ -82,29 +103,14 @@ def secret_value(name: str, url: str, settings: Settings, what: str) -> str:
     return value
 
 
-def _forms(value: str) -> set[str]:
-    """How a value shows up in an echo: as sent, JSON-escaped, or URL-encoded."""
-    return {
-        value,
-        json.dumps(value)[1:-1],
-        json.dumps(value, ensure_ascii=False)[1:-1],
-        quote(value, safe=""),
-        quote_plus(value, safe=""),
-    }
-
-
 def redact(text: str, settings: Settings) -> str:
     """``text`` with every declared secret that is set replaced by ``***`` (a ``prefix``
-    stays: ``Bearer s3cret`` becomes ``Bearer ***``). Longest forms go first, so a secret
-    that contains another is masked whole."""
-    forms: set[str] = set()
-    for name in settings.provider_secrets:
-        value = os.environ.get(name)
-        if value:
-            forms |= _forms(value)
-    for form in sorted(forms, key=len, reverse=True):
-        text = text.replace(form, MASK)
-    return text
+    stays: ``Bearer s3cret`` becomes ``Bearer ***``), as sent and in the encodings of
+    :mod:`orchestration.redaction`."""
+    values = [os.environ.get(name, "") for name in settings.provider_secrets]
+    if not any(values):
+        return text
+    return redaction.of(values).apply(text, MASK)
 
 
 def redact_json(value: Any, settings: Settings) -> Any:

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -25,23 +25,23 @@ from orchestration import (
     artifacts,
     cancellation,
     claims,
-    definitions,
     launching,
     reruns,
     run_reads,
-    schedules,
     summaries,
 )
 from orchestration import health as judgement
 from orchestration.db import check_ready, utcnow
-from orchestration.errors import LimitExceeded, RunNotFound, ValidationError
+from orchestration.errors import BrokerUnavailable, LimitExceeded, RunNotFound, ValidationError
 from orchestration.execution import approving
 from orchestration.followups import Done
 from orchestration.models import Run, Step
 from orchestration.observability import context, tracing
 from orchestration.records import RunRecord, to_record
+from orchestration.registered import RegisteredWorkflows
+from orchestration.runtime import readiness
 from orchestration.runtime.celery_queue import client_queue
-from orchestration.runtime.executor import Executor, TaskQueue
+from orchestration.runtime.executor import Executor, TaskQueue, Unsent
 from orchestration.settings import Settings, get_settings
 from orchestration.states import (
     RUN_TERMINAL,
@@ -54,8 +54,19 @@ from orchestration.summaries import RunSummary
 MAX_PAGE = 500
 
 
-class Orchestrator:
-    """Owner-scoped operations on runs. Thread-safe; cheap to build."""
+class Cancellation(NamedTuple):
+    """What a cancel did: the run's record after it, and whether it changed anything
+    (``False``: the run had already ended; nothing was cancelled)."""
+
+    record: RunRecord
+    changed: bool
+
+
+class Orchestrator(RegisteredWorkflows):
+    """Owner-scoped operations on runs (and, from its base, on registered workflows and
+    schedules). Thread-safe; cheap to build."""
+
+    transact: Executor
 
     def __init__(
         self,
@@ -72,8 +83,11 @@ class Orchestrator:
 
     @classmethod
     def from_env(cls) -> Orchestrator:
-        """Settings from ``ORCH_*``, sending through the configured broker."""
+        """Settings from ``ORCH_*``, sending through the configured broker. Raises
+        :class:`DatabaseNotReady` when the schema is not there (a SQLite file that does not
+        exist is never created)."""
         settings = get_settings()
+        readiness.require_database(settings.database_url)
         check_ready(settings.database_url)
         tracing.setup(settings, "orchestration")
         return cls(settings, client_queue(settings))
@@ -131,8 +145,11 @@ class Orchestrator:
         )
 
     def explain(self, run_id: str, *, owner: str) -> dict[str, Any]:
-        """Why the run is where it is, what moves it next and its ``deadline_at``."""
-        from orchestration.explain import explain
+        """Why the run is where it is, what moves it next and its ``deadline_at``; a next move
+        that waits for a sweeper that has not passed, or for a worker when none consuming the
+        run queue answers, says so."""
+        from orchestration.explain import Around, explain
+        from orchestration.runtime import broker_probe, liveness
 
         now = self.clock()
 
@@ -143,7 +160,12 @@ class Orchestrator:
             return Done((record, judged))
 
         record, judged = self.transact(read)
-        return explain(self.settings, record, judged, now)
+        sending = self.transact.queue is not None
+        around = Around(
+            liveness.sweeper_liveness(self.settings, now).doubt,
+            lambda: broker_probe.workers_doubt(self.settings) if sending else None,
+        )
+        return explain(self.settings, record, judged, now, around)
 
     def events(self, run_id: str, *, owner: str) -> builtins.list[dict[str, Any]]:
         """The run's journal, oldest first."""
@@ -174,45 +196,7 @@ class Orchestrator:
             sha256,
         )
 
-    def workflows(self, *, owner: str) -> builtins.list[definitions.Definition]:
-        """The owner's registered definitions and the published ones, newest first."""
-        return self.transact(lambda session: Done(definitions.listed(session, owner)))
-
-    def workflow(self, ref: str, *, owner: str) -> definitions.Definition:
-        """The definition ``ref`` (``name`` or ``name@version``) names for ``owner``."""
-        return self.transact(lambda session: Done(definitions.resolve(session, owner, ref)))
-
-    def schedules(self, *, owner: str) -> builtins.list[dict[str, Any]]:
-        """The owner's schedules by name: the next fire times, the pause, and the latest fires
-        with the runs they made (datetimes as ISO text; see :func:`schedules.listing`)."""
-        now = self.clock()
-        return self.transact(lambda session: Done(schedules.listing(session, owner, now)))
-
     # -- writes ----------------------------------------------------------------------------
-    def register_workflow(
-        self, data: Any, *, owner: str, shared: bool = False
-    ) -> tuple[definitions.Definition, bool]:
-        """Store ``data`` as the next version of its name (the same content: the version it
-        already is), and whether it is new. Raises :class:`ValidationError` naming the field."""
-        now = self.clock()
-        return self.transact(
-            lambda session: Done(
-                definitions.register(session, self.settings, owner, data, now, shared=shared)
-            )
-        )
-
-    def pause_schedule(self, name: str, *, owner: str) -> bool:
-        """Pause the owner's schedule ``name`` (its fires are neither recorded nor launched);
-        whether it was running. Raises :class:`ValidationError` (field ``name``) when the
-        owner has no such schedule, another owner's included."""
-        now = self.clock()
-        return self.transact(lambda session: Done(schedules.pause(session, owner, name, now)))
-
-    def resume_schedule(self, name: str, *, owner: str) -> bool:
-        """Resume it; whether it was paused. The fires missed meanwhile follow the catch-up
-        rules at the next pass. Raises :class:`ValidationError` as :meth:`pause_schedule`."""
-        return self.transact(lambda session: Done(schedules.resume(session, owner, name)))
-
     def launch(
         self,
         workflow: Any,
@@ -227,8 +211,11 @@ class Orchestrator:
 
         Idempotent per (owner, request_id): the same request returns the existing run.
         Raises :class:`ValidationError` / :class:`LimitExceeded` for bad input (nothing is
-        written), :class:`IdempotencyConflict` for a reused request_id with other input, and
-        :class:`ConflictError` for a held concurrency key under ``on_conflict='reject'``.
+        written), :class:`IdempotencyConflict` for a reused request_id with other input,
+        :class:`ConflictError` for a held concurrency key under ``on_conflict='reject'``, and
+        :class:`BrokerUnavailable` (its ``run_id`` the saved run) when the run was written but
+        the broker did not take its chain: the sweeper sends it once the broker is back, and
+        the same request_id returns it.
         """
         try:
             policy = claims.OnConflict(on_conflict)
@@ -236,9 +223,9 @@ class Orchestrator:
             raise ValidationError(
                 "on_conflict", f"must be one of {[p.value for p in claims.OnConflict]}"
             ) from None
-        started, now = time.time_ns(), self.clock()
+        started, now, unsent = time.time_ns(), self.clock(), list[Unsent]()
         record = launching.launch_then(
-            self.transact,
+            self.transact.reporting(unsent),
             self.settings,
             workflow,
             args,
@@ -250,7 +237,7 @@ class Orchestrator:
             read=self._launched,
             once=True,
         )
-        return _traced_launch(record, started, now, owner=owner)
+        return _sent(_traced_launch(record, started, now, owner=owner), unsent)
 
     def rerun(
         self,
@@ -267,9 +254,9 @@ class Orchestrator:
         step that did not complete."""
         source = self.transact(lambda session: Done(reruns.source(session, run_id, owner)))
         reuse = reruns.plan(source, from_step)
-        started, now = time.time_ns(), self.clock()
+        started, now, unsent = time.time_ns(), self.clock(), list[Unsent]()
         record = launching.launch_then(
-            self.transact,
+            self.transact.reporting(unsent),
             self.settings,
             source.workflow,
             source.args,
@@ -282,7 +269,7 @@ class Orchestrator:
             reuse=reuse,
             version=source.workflow_version,
         )
-        return _traced_launch(record, started, now, owner=owner, rerun_of=run_id)
+        return _sent(_traced_launch(record, started, now, owner=owner, rerun_of=run_id), unsent)
 
     def owner_of(self, run_id: str) -> str:
         """The owner of ``run_id`` (the operator's surfaces act as it). Raises
@@ -303,6 +290,13 @@ class Orchestrator:
         had already ended). With ``graceful``, only the request is recorded: the step honours
         it at its next execution, and the sweeper enforces it after ``ORCH_CANCEL_GRACE``.
         ``by`` names who asked in the journal (default: the owner)."""
+        return self.cancel_run(run_id, owner=owner, graceful=graceful, by=by).record
+
+    def cancel_run(
+        self, run_id: str, *, owner: str, graceful: bool = False, by: str | None = None
+    ) -> Cancellation:
+        """:meth:`cancel`, saying also whether it changed anything (``False``: the run had
+        already ended, and nothing was cancelled)."""
         self.transact(lambda session: Done(run_reads.owned(session, run_id, owner)))
         with context.acting(run_id, "run.cancel", owner=owner, graceful=graceful):
             requested = cancellation.request(
@@ -324,7 +318,7 @@ class Orchestrator:
                     revoke=True,
                     live=requested.live,
                 )
-        return self.get(run_id, owner=owner)
+        return Cancellation(self.get(run_id, owner=owner), changed=requested is not None)
 
     def answer(self, run_id: str, step_id: str, value: Any, *, owner: str) -> RunRecord:
         """Resume a ``human`` park: the step starts a new attempt with ``value`` as the answer.
@@ -390,6 +384,17 @@ class Orchestrator:
         """The record of the owner's run now. Raises :class:`RunNotFound`."""
         run = run_reads.owned(session, run_id, owner)
         return run_reads.record(session, self.settings, run, self.clock())
+
+
+def _sent(record: RunRecord, unsent: builtins.list[Unsent]) -> RunRecord:
+    """The launched run's record; :class:`BrokerUnavailable` naming it when the broker did
+    not take its chain (the run is saved: the sweeper sends it once the broker is back)."""
+    for failed in unsent:
+        if failed.run_id == record.id:
+            raise BrokerUnavailable(
+                failed.error.broker, failed.error.cause, run_id=record.id
+            ) from failed.error
+    return record
 
 
 def _traced_launch(record: RunRecord, started: int, now: datetime, **attributes: Any) -> RunRecord:

@@ -97,12 +97,18 @@ class Settings(TenantLimits):
     stop_attempts: int = Field(5, ge=1, le=20)
     #: Hosts, ports and networks provider and webhook URLs may reach: comma-separated
     #: ``HOST``, ``HOST:PORT``, an IP, ``CIDR``, ``[IPV6]:PORT`` or ``[IPV6-CIDR]:PORT``
-    #: entries. Loopback by default; metadata addresses only when listed exactly.
-    provider_hosts: str = "localhost,127.0.0.0/8,::1"
+    #: entries. Empty by default (loopback too is the operator's to grant); metadata
+    #: addresses only when listed exactly.
+    provider_hosts: str = ""
     #: Secrets a workflow may name, each with the hosts it may be sent to, as JSON:
     #: ``{"AGENT_TOKEN": ["agents.example.com:443"]}``; the value is the worker's environment
     #: variable of that name.
     provider_secrets: dict[str, list[str]] = Field(default_factory=dict)
+    #: One budget for a launch's lookups of the URL hosts not listed by name (seconds).
+    launch_check_seconds: float = Field(2.0, gt=0, le=60)
+    #: Most distinct host names a workflow may name that ``ORCH_PROVIDER_HOSTS`` does not
+    #: list by name (each costs a lookup at launch).
+    max_launch_hosts: int = Field(8, ge=1, le=64)
     #: Largest ``max_poll_interval`` a workflow may ask for (seconds).
     max_poll_interval_limit: float = Field(30.0, gt=0)
     #: Largest step ``timeout`` a workflow may ask for (seconds).

@@ -41,6 +41,11 @@ class TenantLimits(BaseSettings):
     max_provider_id_chars: int = Field(200, ge=8, le=200)
     max_error_chars: int = Field(2000, ge=80, le=100000)
     max_prompt_bytes: int = Field(65536, ge=2)
+    #: Bytes one request a worker builds may take (URL, headers and body together), for
+    #: every provider call and the webhook; charged while the request is rendered.
+    max_request_bytes: int = Field(1048576, ge=4096)
+    #: Bytes of one step's ``with:`` options as JSON, checked at launch.
+    max_options_bytes: int = Field(65536, ge=256)
 
     @field_validator("artifact_dir")
     @classmethod
@@ -52,11 +57,20 @@ class TenantLimits(BaseSettings):
         return value or None
 
     @model_validator(mode="after")
-    def _outputs_fit(self) -> TenantLimits:
+    def _sizes_fit(self) -> TenantLimits:
+        """One output fits its run's outputs, and a start that sends its task once fits a
+        request."""
         if self.max_output_bytes > self.max_run_output_bytes:
             raise ValueError(
                 f"ORCH_MAX_OUTPUT_BYTES ({self.max_output_bytes}) must be at most "
                 f"ORCH_MAX_RUN_OUTPUT_BYTES ({self.max_run_output_bytes}): one output is at "
                 "most all of its run's"
+            )
+        fits = self.max_rendered_task_bytes + self.max_options_bytes
+        if self.max_request_bytes < fits:
+            raise ValueError(
+                f"ORCH_MAX_REQUEST_BYTES ({self.max_request_bytes}) must be at least "
+                "ORCH_MAX_RENDERED_TASK_BYTES + ORCH_MAX_OPTIONS_BYTES "
+                f"({fits}): a start that sends its task once must fit"
             )
         return self

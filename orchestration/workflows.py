@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from pydantic import ValidationError as PydanticValidationError
 
 from orchestration import args_schema, providers, templating
 from orchestration.errors import LimitExceeded, ValidationError
+from orchestration.host_lookups import fields_under
+from orchestration.providers.exchange import launch_checks
 from orchestration.settings import Settings
 from orchestration.step_specs import (
     DEFAULT_MAX_POLL_INTERVAL,
@@ -77,9 +80,11 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
     if args is None and spec.schedule is not None:
         args = spec.schedule.args
     earlier: list[str] = []
-    for index, step in enumerate(spec.steps):
-        _check_step(step, f"steps[{index}]", settings, args, earlier)
-        earlier.append(step.id)
+    # The provider URLs' lookups run concurrently and share one deadline.
+    with launch_checks(settings):
+        for index, step in enumerate(spec.steps):
+            _check_step(step, f"steps[{index}]", settings, args, earlier)
+            earlier.append(step.id)
     return spec
 
 
@@ -104,11 +109,18 @@ def _check_step(
             f"{where}.provider",
             f"unknown provider {step.provider!r}; known: {', '.join(providers.names())}",
         )
+    size = plain_json(step.options, f"{where}.with")
+    if size > settings.max_options_bytes:
+        raise LimitExceeded(
+            f"{where}.with",
+            f"{size} bytes is over the limit of {settings.max_options_bytes} "
+            "(ORCH_MAX_OPTIONS_BYTES)",
+        )
     try:
-        providers.get_provider(step.provider, settings).validate(step.options)
+        with fields_under(f"{where}.with."):
+            providers.get_provider(step.provider, settings).validate(step.options)
     except ValidationError as exc:
-        raise ValidationError(f"{where}.with.{exc.field}".rstrip("."), exc.problem) from None
-    plain_json(step.options, f"{where}.with")
+        raise type(exc)(f"{where}.with.{exc.field}".rstrip("."), exc.problem) from None
     size = plain_json(step.task, f"{where}.task")
     if size > settings.max_task_bytes:
         raise LimitExceeded(
@@ -269,20 +281,48 @@ def _check_bounds(step: StepSpec, where: str, settings: Settings) -> None:
     )
 
 
-def load_file(path: str | Path) -> Any:
-    """Read a workflow file (YAML or JSON) into plain data; errors name the file."""
+class _JsonLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans (``true``/``false`` only): YAML 1.1 also
+    reads ``on``, ``off``, ``yes`` and ``no`` as booleans, so ``retry: {on: [failed]}`` would
+    load with a key ``True`` that no JSON can carry (``json.dumps`` writes it ``"true"``)."""
+
+
+_JsonLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_JsonLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a workflow file (YAML or JSON) into plain JSON data: ``json.dumps`` of it is the
+    workflow, ``on:`` stays ``"on"`` (YAML 1.2's booleans, :class:`_JsonLoader`). Errors
+    name the file; a file that holds no mapping (a bare string, a list) is refused here."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValidationError("workflow", f"cannot read {path}: {exc.strerror}") from None
     try:
-        if path.suffix.lower() == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.load(text, _JsonLoader)
     except (ValueError, RecursionError, yaml.YAMLError) as exc:
         # ValueError covers JSONDecodeError and Python's limit on huge integer literals.
         raise ValidationError("workflow", f"{path} is not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        found = "nothing" if data is None else f"a {_KINDS.get(type(data), type(data).__name__)}"
+        raise ValidationError(
+            "workflow",
+            f"{path} holds {found}, not a workflow: a mapping with 'name' and 'steps'",
+        )
+    return dict(data)
+
+
+#: How a file's top-level value is named when it is not a workflow.
+_KINDS = {str: "string", list: "list", int: "number", float: "number", bool: "boolean"}
 
 
 def check_args(args: Any, settings: Settings, field: str = "args") -> dict[str, Any]:

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import beat_init, worker_init, worker_process_init
 
 from beat_schedule import beat_schedule
 from orchestration.db import dispose_engines
@@ -17,6 +17,7 @@ from orchestration.runtime import celery_observing
 from orchestration.runtime.celery_config import configure
 from orchestration.runtime.celery_queue import CeleryQueue
 from orchestration.runtime.executor import Executor
+from orchestration.runtime.readiness import refuse_unfit
 from orchestration.settings import get_settings
 
 try:
@@ -41,3 +42,16 @@ def _fresh_connections(**_: Any) -> None:
     """A prefork child must not share its parent's pooled database connections."""
     dispose_engines(after_fork=True)
     logging.getLogger("orchestration").setLevel(logging.INFO)
+
+
+@worker_init.connect
+def _serve_or_refuse(**_: Any) -> None:
+    """Before the consumer starts: a worker whose database or broker cannot serve a task
+    takes none; it says why in one line and exits with status 2."""
+    refuse_unfit(settings, "worker")
+
+
+@beat_init.connect
+def _schedule_or_refuse(**_: Any) -> None:
+    """Before beat sends anything: the same check as a worker's."""
+    refuse_unfit(settings, "beat")

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from orchestration import artifacts, bounds, cancellation, effects, pieces, providers, specs
 from orchestration.db import utcnow
-from orchestration.errors import PermanentProviderError, RetryableProviderError
+from orchestration.errors import PermanentProviderError, RequestOverLimit, RetryableProviderError
 from orchestration.execution import calls, finishing, observing, parking, releasing
 from orchestration.execution import entry as entries
 from orchestration.execution.entry import Entry, Phase
@@ -184,7 +184,7 @@ class Stepper:
             except RetryableProviderError as exc:
                 outage = str(exc)
             except PermanentProviderError as exc:
-                refused = f"step {entry.step.step_id}: {exc}"
+                refused = exc
             if provider_run_id is not None and not bounds.provider_id(
                 provider_run_id, self.settings
             ):
@@ -214,7 +214,7 @@ class Stepper:
         chained: bool,
         *,
         outage: str | None = None,
-        refused: str | None = None,
+        refused: PermanentProviderError | None = None,
         observed: TurnStatus | None = None,
         captured: tuple[Any, str | None] | None = None,
     ) -> Outcome:
@@ -232,9 +232,11 @@ class Stepper:
             if outage is not None:
                 return observing.outage(session, self.settings, run, step, spec, outage, now)
             if refused is not None:
+                over = isinstance(refused, RequestOverLimit)
+                error = f"step {step.step_id}: {refused}"
                 return Done(
                     Halt("provider refused the turn"),
-                    fail(session, self.settings, run_id, refused, now),
+                    fail(session, self.settings, run_id, error, now, over=over),
                 )
             assert provider_run_id is not None
             if unfit:

@@ -12,24 +12,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Collection, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
 from orchestration import secrets
-from orchestration.egress import (
-    LAUNCH_RESOLVE_SECONDS,
-    AllowList,
-    Resolver,
-    check_launch_url,
-    parse_allow_list,
-    system_resolver,
-)
+from orchestration.egress import AllowList, Resolver, parse_allow_list, system_resolver
 from orchestration.errors import PermanentProviderError, RetryableProviderError
+from orchestration.host_lookups import LaunchChecks, check_launch_url, shared_deadline
 from orchestration.providers import budget
+from orchestration.providers import headers as header_rules
 from orchestration.providers.base import JSON
+from orchestration.providers.request_budget import Body, RequestBudget, fill_body
 from orchestration.providers.transport import Deadline, bounded_client
 from orchestration.settings import Settings
 
@@ -79,19 +76,43 @@ class Exchange:
         *,
         what: str,
         json_body: JSON = None,
+        content: Body | None = None,
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, Any] | None = None,
         accept: Collection[int] = (),
         repeatable: bool = True,
+        charged: RequestBudget | None = None,
     ) -> Reply:
-        """One request; a 2xx or a status in ``accept`` is returned, anything else raises."""
+        """One request; a 2xx or a status in ``accept`` is returned, anything else raises.
+
+        The request is bounded before it is built: the URL, the headers, the query and the
+        body are charged to one ``ORCH_MAX_REQUEST_BYTES`` budget: ``charged``, which the
+        caller has charged already for what it rendered (the URL and a ``content``), or a
+        fresh one that starts with the URL. ``content`` is a JSON body already rendered;
+        ``json_body`` is rendered here. Headers are checked again as a workflow may write
+        them (no framing or routing header, no CR/LF/NUL); the engine's ``Accept-Encoding``
+        wins."""
+        budget = charged
+        if budget is None:
+            budget = RequestBudget(self._settings.max_request_bytes, what)
+            budget.charge(len(url.encode()))
+        sent = header_rules.merged(headers or {}, {"Accept-Encoding": "identity"})
+        problem = header_rules.first_problem(headers or {})
+        if problem is not None:
+            raise PermanentProviderError(f"{what}: refused before sending: {problem}")
+        budget.charge(header_rules.size(sent.items()))
+        if params:
+            budget.charge(len(urlencode(params, doseq=True)) + 1)
+        if json_body is not None:
+            content = fill_body(json_body, {}, budget)
+        if content is not None:
+            # Its length given, the body goes as it was charged, piece by piece, never joined.
+            sent = header_rules.merged(
+                {"Content-Type": "application/json"}, sent, {"Content-Length": str(content.size)}
+            )
         try:
             request = self._client.build_request(
-                method,
-                url,
-                json=json_body,
-                headers={"Accept-Encoding": "identity", **(headers or {})},
-                params=params,
+                method, url, content=content, headers=sent, params=params
             )
         except httpx.InvalidURL as exc:
             raise PermanentProviderError(self.redact(f"{what}: {url}: {exc}")) from None
@@ -207,11 +228,14 @@ def exchange(
 
 
 def check_egress(url: str, field: str, settings: Settings, resolver: Resolver) -> None:
-    """Launch check of a provider URL against ``ORCH_PROVIDER_HOSTS`` (``ValidationError``)."""
+    """Launch check of a provider URL against ``ORCH_PROVIDER_HOSTS`` (``ValidationError``);
+    inside :func:`launch_checks` its lookup shares the launch's deadline."""
     check_launch_url(
-        allow_list(settings),
-        url,
-        field,
-        resolver=resolver,
-        timeout=min(LAUNCH_RESOLVE_SECONDS, settings.provider_timeout),
+        allow_list(settings), url, field, resolver=resolver, timeout=settings.launch_check_seconds
     )
+
+
+def launch_checks(settings: Settings) -> AbstractContextManager[LaunchChecks]:
+    """The block in which one workflow's URLs are checked: its lookups run concurrently and
+    share ``ORCH_LAUNCH_CHECK_SECONDS``, at most ``ORCH_MAX_LAUNCH_HOSTS`` names."""
+    return shared_deadline(settings.launch_check_seconds, settings.max_launch_hosts)

@@ -18,52 +18,32 @@ The bounded call itself is :mod:`orchestration.providers.exchange`.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from orchestration import secrets
 from orchestration.egress import Resolver, system_resolver
-from orchestration.errors import PermanentProviderError, ValidationError
+from orchestration.errors import LimitExceeded, PermanentProviderError, ValidationError
+from orchestration.providers import headers as header_rules
 from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
 from orchestration.providers.exchange import Reply, check_egress, exchange
+from orchestration.providers.request_budget import (
+    MAX_PLACEHOLDERS,
+    PLACEHOLDER,
+    RequestBudget,
+    count,
+    fill_body,
+    fill_url,
+)
 from orchestration.settings import Settings
 
 _SNIPPET_CHARS = 300
-_PLACEHOLDER = re.compile(r"\{\w+\}")
 
 
 def json_size(value: JSON) -> int:
     """Bytes of ``value`` as the engine stores it."""
     return len(json.dumps(value, ensure_ascii=False).encode())
-
-
-def fill(template: JSON, values: Mapping[str, JSON]) -> JSON:
-    """``template`` with ``{name}`` placeholders filled from ``values``, in one pass.
-
-    A string that is exactly ``{name}`` becomes the value itself (any JSON); a placeholder
-    inside a longer string becomes the value's text. Inserted text is never scanned again, so
-    a task that happens to contain ``{key}`` stays as written.
-    """
-    if isinstance(template, str):
-        if not values:
-            return template
-        pattern = re.compile("{(" + "|".join(re.escape(name) for name in values) + ")}")
-        whole = pattern.fullmatch(template)
-        if whole:
-            return values[whole.group(1)]
-
-        def text(match: re.Match[str]) -> str:
-            value = values[match.group(1)]
-            return value if isinstance(value, str) else json.dumps(value)
-
-        return pattern.sub(text, template)
-    if isinstance(template, list):
-        return [fill(item, values) for item in template]
-    if isinstance(template, dict):
-        return {key: fill(item, values) for key, item in template.items()}
-    return template
 
 
 def pick(document: JSON, path: str) -> tuple[bool, JSON]:
@@ -83,7 +63,7 @@ def check_url(value: Any, field: str) -> None:
     """An absolute http(s) URL, or a ``ValidationError`` naming ``field``."""
     if not isinstance(value, str) or not value:
         raise ValidationError(field, "is required: an http(s) URL")
-    parts = urlsplit(_PLACEHOLDER.sub("x", value))
+    parts = urlsplit(PLACEHOLDER.sub("x", value))
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValidationError(field, f"must be an absolute http(s) URL, not {value!r}")
 
@@ -103,6 +83,13 @@ _SPEC_KEYS = ("url", "method", "headers", "body")
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _DEFAULT_METHODS = {"start": "POST", "resume": "POST", "status": "GET", "cancel": "POST"}
 _DEFAULT_BODY: dict[str, JSON] = {"task": "{task}"}
+#: The values each endpoint fills in (its other ``{name}`` stay as written).
+_FILLED = {
+    "start": ("task", "key", "resume"),
+    "resume": ("task", "key", "resume"),
+    "status": ("run_id", "key"),
+    "cancel": ("run_id", "key"),
+}
 #: Cancelling a turn the service no longer has, or that already finished, is not an error.
 _CANCEL_DONE = (404, 409, 410)
 #: The two spellings of a secret header's name.
@@ -118,7 +105,17 @@ def _check_headers(headers: Any, field: str) -> None:
         raise ValidationError(field, "must be a mapping of header name to value")
     for name, value in headers.items():
         where = f"{field}.{name}"
+        problem = (
+            header_rules.name_problem(name)
+            if isinstance(name, str)
+            else "must be a header name as text, such as X-Request-Id"
+        )
+        if problem is not None:
+            raise ValidationError(where, problem)
         if isinstance(value, str):
+            problem = header_rules.value_problem(value)
+            if problem is not None:
+                raise ValidationError(where, problem)
             continue
         kinds = [kind for kind in _SECRET_KINDS if isinstance(value, Mapping) and kind in value]
         if (
@@ -131,8 +128,12 @@ def _check_headers(headers: Any, field: str) -> None:
             )
         if not isinstance(value[kinds[0]], str) or not value[kinds[0]]:
             raise ValidationError(f"{where}.{kinds[0]}", "must name a secret")
-        if not isinstance(value.get("prefix", ""), str):
+        prefix = value.get("prefix", "")
+        if not isinstance(prefix, str):
             raise ValidationError(f"{where}.prefix", "must be a string")
+        problem = header_rules.value_problem(prefix)
+        if problem is not None:
+            raise ValidationError(f"{where}.prefix", problem)
 
 
 def _uses(spec: Mapping[str, Any], placeholder: str) -> bool:
@@ -167,13 +168,51 @@ def _secret_headers(
     options: Mapping[str, Any], name: str
 ) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
     """Each secret header endpoint ``name`` sends: its option field, header and value (the
-    top-level headers apply to every endpoint unless the endpoint sets the same header)."""
+    top-level headers apply to every endpoint unless the endpoint sets the same header, in
+    any case)."""
     own = options[name].get("headers", {})
-    merged = {**options.get("headers", {}), **own}
-    for header, value in merged.items():
+    mine = {header.lower() for header in own}
+    for header, value in header_rules.merged(options.get("headers", {}), own).items():
         if isinstance(value, Mapping):
-            field = f"{name}.headers.{header}" if header in own else f"headers.{header}"
-            yield f"{field}.{_secret_kind(value)}", header, value
+            where = f"{name}.headers" if header.lower() in mine else "headers"
+            yield f"{where}.{header}.{_secret_kind(value)}", header, value
+
+
+def _body(options: Mapping[str, Any], name: str) -> JSON:
+    """The body template endpoint ``name`` sends (``None``: no body)."""
+    return options[name].get("body", _DEFAULT_BODY if name in ("start", "resume") else None)
+
+
+def _check_size(options: Mapping[str, Any], endpoints: list[str], settings: Settings) -> None:
+    """Refuse, at launch, templates that name more than :data:`MAX_PLACEHOLDERS` values, or
+    whose requests the values they name would take over ``ORCH_MAX_REQUEST_BYTES`` (each
+    placeholder counted at its value's bound; the charge while rendering is the guarantee)."""
+    bounds = {
+        "task": (settings.max_rendered_task_bytes, "ORCH_MAX_RENDERED_TASK_BYTES"),
+        "resume": (settings.max_args_bytes, "ORCH_MAX_ARGS_BYTES"),
+    }
+    total = 0
+    for name in endpoints:
+        spec = options[name]
+        templates = [spec["url"], _body(options, name)]
+        filled = _FILLED[name]
+        total += sum(count(template, filled, f"{name}.body") for template in templates)
+        if total > MAX_PLACEHOLDERS:
+            raise LimitExceeded(
+                name,
+                f"the options hold over {MAX_PLACEHOLDERS} placeholders, the most one step's "
+                "options may hold",
+            )
+        size = len(json.dumps(spec, ensure_ascii=False).encode())
+        for value, (bound, setting) in bounds.items():
+            times = sum(count(template, (value,), name) for template in templates)
+            if value in filled and times and size + times * bound > settings.max_request_bytes:
+                raise LimitExceeded(
+                    name,
+                    f"names {{{value}}} {times} times: with the value up to {bound} bytes "
+                    f"({setting}) its request could be {size + times * bound} bytes, over "
+                    f"the limit of {settings.max_request_bytes} (ORCH_MAX_REQUEST_BYTES)",
+                )
 
 
 class HttpProvider:
@@ -206,6 +245,7 @@ class HttpProvider:
             for word, value in status_map.items():
                 if value not in words:
                     raise ValidationError(f"status_map.{word}", f"must be one of {words}")
+        _check_size(options, endpoints, self._settings)
         for name in endpoints:
             url = options[name]["url"]
             check_egress(url, f"{name}.url", self._settings, self._resolver)
@@ -215,7 +255,7 @@ class HttpProvider:
 
     def _headers(self, options: Mapping[str, Any], name: str, url: str) -> dict[str, str]:
         """The request's headers, with each secret checked against ``url`` and resolved."""
-        merged = {**options.get("headers", {}), **options[name].get("headers", {})}
+        merged = header_rules.merged(options.get("headers", {}), options[name].get("headers", {}))
         headers = {header: value for header, value in merged.items() if isinstance(value, str)}
         for _field, header, value in _secret_headers(options, name):
             secret = value[_secret_kind(value)]
@@ -232,21 +272,25 @@ class HttpProvider:
         extra_headers: Mapping[str, str] | None = None,
         accept: Collection[int] = (),
     ) -> Reply:
+        """One endpoint's request, rendered within ``ORCH_MAX_REQUEST_BYTES`` (URL, then
+        body; the exchange charges the headers) before anything is sent."""
         spec = options[name]
-        url_values = {key: quote(str(value), safe="") for key, value in values.items()}
-        url = str(fill(spec["url"], url_values))
-        headers = self._headers(options, name, url)
-        headers.update(extra_headers or {})
+        what = f"http {name}"
+        budget = RequestBudget(self._settings.max_request_bytes, what)
+        url = fill_url(spec["url"], values, budget)
+        headers = header_rules.merged(self._headers(options, name, url), extra_headers or {})
         method = str(spec.get("method", _DEFAULT_METHODS[name])).upper()
-        body = spec.get("body", _DEFAULT_BODY if name in ("start", "resume") else None)
+        body = _body(options, name)
+        content = None if body is None else fill_body(body, values, budget)
         with exchange(self._settings, resolver=self._resolver) as http:
             return http.send(
                 method,
                 url,
-                what=f"http {name}",
-                json_body=None if body is None else fill(body, values),
+                what=what,
+                content=content,
                 headers=headers,
                 accept=accept,
+                charged=budget,
             )
 
     def start(self, request: TurnRequest) -> str:

@@ -30,10 +30,22 @@ from typing import Any
 
 from orchestration import secrets
 from orchestration.egress import Resolver, system_resolver
-from orchestration.errors import PermanentProviderError, RetryableProviderError, ValidationError
+from orchestration.errors import (
+    LimitExceeded,
+    PermanentProviderError,
+    RetryableProviderError,
+    ValidationError,
+)
 from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
 from orchestration.providers.exchange import Exchange, check_egress, exchange
-from orchestration.providers.http import check_known, check_url, fill, json_size
+from orchestration.providers.http import check_known, check_url, json_size
+from orchestration.providers.request_budget import (
+    MAX_PLACEHOLDERS,
+    RequestBudget,
+    Verbatim,
+    count,
+    fill_body,
+)
 from orchestration.settings import Settings
 
 #: Namespace of the thread ids: the same (run, step) always lands on the same thread.
@@ -116,9 +128,27 @@ class LangGraphProvider:
         api_key_env = options.get("api_key_env")
         if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
             raise ValidationError("api_key_env", "must name a secret")
+        self._check_input(options.get("input"))
         check_egress(options["url"], "url", self._settings, self._resolver)
         if api_key_env is not None:
             secrets.check_bound(api_key_env, {"url": options["url"]}, "api_key_env", self._settings)
+
+    def _check_input(self, template: Any) -> None:
+        """At most :data:`MAX_PLACEHOLDERS` in ``input``, and not so many ``{task}`` that the
+        task's bound alone would take its request over ``ORCH_MAX_REQUEST_BYTES``."""
+        times = count(template, ("task",), "input")
+        if times > MAX_PLACEHOLDERS:
+            raise LimitExceeded(
+                "input", f"holds {times} placeholders, over the limit of {MAX_PLACEHOLDERS}"
+            )
+        bound = self._settings.max_rendered_task_bytes
+        if times * bound > self._settings.max_request_bytes:
+            raise LimitExceeded(
+                "input",
+                f"names {{task}} {times} times: with the task up to {bound} bytes "
+                f"(ORCH_MAX_RENDERED_TASK_BYTES) its request could be over the limit of "
+                f"{self._settings.max_request_bytes} (ORCH_MAX_REQUEST_BYTES)",
+            )
 
     @contextmanager
     def _session(
@@ -163,19 +193,27 @@ class LangGraphProvider:
                 f"langgraph: turn key {request.key!r} does not start with run:step "
                 f"({request.run_id}:{request.step_id}); the step's thread would be lost"
             )
+        # The input is the one part a tenant's values are filled into; the rest goes as it is.
         payload: dict[str, Any] = {
-            "assistant_id": options["assistant_id"],
-            "metadata": {KEY_FIELD: request.key},
+            "assistant_id": Verbatim(options["assistant_id"]),
+            "metadata": Verbatim({KEY_FIELD: request.key}),
             "multitask_strategy": "reject",
         }
         if "config" in options:
-            payload["config"] = options["config"]
+            payload["config"] = Verbatim(options["config"])
         if request.resuming:
-            payload["command"] = {"resume": request.resume}
+            payload["command"] = Verbatim({"resume": request.resume})
         elif "input" in options:
-            payload["input"] = fill(options["input"], {"task": request.input})
+            payload["input"] = options["input"]
         else:
-            payload["input"] = {"messages": [{"role": "user", "content": _text(request.input)}]}
+            payload["input"] = Verbatim(
+                {"messages": [{"role": "user", "content": _text(request.input)}]}
+            )
+        # Rendered before any request: a run over its budget creates no thread either.
+        url = f"{str(options['url']).rstrip('/')}/threads/{thread}/runs"
+        budget = RequestBudget(self._settings.max_request_bytes, "langgraph create run")
+        budget.charge(len(url.encode()))
+        content = fill_body(payload, {"task": request.input}, budget)
         with self._session(options) as (http, base, headers):
             http.send(
                 "POST",
@@ -196,12 +234,13 @@ class LangGraphProvider:
                 return existing
             reply = http.send(
                 "POST",
-                f"{base}/threads/{thread}/runs",
+                url,
                 what="langgraph create run",
                 headers=headers,
-                json_body=payload,
+                content=content,
                 accept=(409,),
                 repeatable=False,
+                charged=budget,
             )
             if reply.status == 409:
                 # A racing start with the same key won, or an earlier attempt's run still holds

@@ -12,20 +12,39 @@ from orchestration.providers.base import ProviderStatus
 #: Longest duration a script may state (about 115 days): beyond it ``timedelta`` overflows.
 MAX_SECONDS = 10_000_000
 
-#: Every option a scripted step may set.
-KNOWN = {
-    "states",
-    "output",
-    "error",
-    "prompt",
-    "reset_after",
-    "cancel_delay",
-    "resume_states",
-    "resume_output",
-    "poll_delay",
-    "checkpoint_fails",
-    "attempt_states",
+#: Every option a scripted step may set, and what it does: ``docs/providers.md`` shows this
+#: table (``tests/e2e/test_docs.py`` renders it from here and compares).
+OPTIONS: dict[str, str] = {
+    "states": (
+        "the turn's script: `[status, seconds]` pairs played from the turn's start, the last "
+        'held forever (its seconds may be left out), e.g. `[["running", 0.5], ["idle"]]`; '
+        'default `[["running", 1], ["completed"]]`'
+    ),
+    "output": "the answer of a finished (`completed` or `idle`) turn; default: the rendered task",
+    "error": "the error text of a `failed` turn; default `scripted failure`",
+    "prompt": "what an `input_required` turn asks; default `input required`",
+    "reset_after": (
+        "seconds until a `rate_limited` turn may resume; default: that state's duration in `states`"
+    ),
+    "cancel_delay": "seconds a cancel takes to land; default 0",
+    "resume_states": (
+        'the script of a turn that resumes a human park (after `answer`); default `[["completed"]]`'
+    ),
+    "resume_output": "the answer of a resumed turn; default: the human's answer",
+    "poll_delay": (
+        "seconds each status call blocks, to rehearse a slow runtime; one longer than "
+        "`ORCH_PROVIDER_TIMEOUT` is reported as an outage after that timeout"
+    ),
+    "checkpoint_fails": (
+        "`true` makes the checkpoint capture fail, to rehearse effects that exhaust their attempts"
+    ),
+    "attempt_states": (
+        'a script per attempt of the step, e.g. `[[["failed"]], [["failed"]]]` fails the '
+        "first two; later attempts play `states` (to rehearse `retry`)"
+    ),
 }
+#: The option names.
+KNOWN = frozenset(OPTIONS)
 
 
 def check(options: Mapping[str, Any]) -> None:

@@ -1,9 +1,10 @@
-"""What only the broker and the workers know, for the operator's fleet page: the run queue's
-depth and each worker's pool. Both are bounded by a short timeout and report ``None`` when
-the answer did not come, so a down broker slows the page by at most that timeout.
+"""What only the broker and the workers know: for the operator's fleet page, the run queue's
+depth and each worker's pool; for ``explain``, whether any worker consumes the run queue.
+Each is bounded by a short timeout and reports ``None`` when the answer did not come, so a
+down broker slows a page by at most that timeout.
 
-A pool broadcast costs its whole reply window whoever answers, so the answer is kept for
-:data:`POOLS_FRESH` seconds: an operator refreshing the page asks the workers once.
+A broadcast costs its whole reply window whoever answers, so its answer is kept for
+:data:`POOLS_FRESH` seconds: an operator refreshing a page asks the workers once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from kombu.connection import Connection
 
-from orchestration.runtime.celery_queue import client_app
+from orchestration.runtime.celery_queue import broker_address, client_app
 from orchestration.settings import Settings
 
 LOG = logging.getLogger(__name__)
@@ -28,6 +29,8 @@ POOLS_FRESH = 10.0
 
 #: The last answer per broker (a broadcast reaches every node on it, whatever its queues).
 _asked: dict[str, tuple[float, dict[str, dict[str, Any]] | None]] = {}
+#: The last answer per broker and queue: the nodes that consume it.
+_consuming: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
 _asking = threading.Lock()
 
 
@@ -81,3 +84,42 @@ def ask_pools(settings: Settings) -> dict[str, dict[str, Any]] | None:
         }
         for name, info in sorted(stats.items())
     }
+
+
+def queue_consumers(settings: Settings) -> list[str] | None:
+    """The worker nodes that answered, within :data:`REPLIES`, that they consume the run queue
+    (``ORCH_QUEUE``), or ``None`` when the broker could not be reached. One ``inspect
+    active_queues`` broadcast; its answer is kept :data:`POOLS_FRESH` seconds."""
+    key = (settings.broker_url, settings.queue)
+    with _asking:
+        asked = _consuming.get(key)
+        if asked is None or time.monotonic() - asked[0] > POOLS_FRESH:
+            asked = _consuming[key] = (time.monotonic(), _ask_consumers(settings))
+    return asked[1]
+
+
+def _ask_consumers(settings: Settings) -> list[str] | None:
+    try:
+        replies = client_app(settings).control.inspect(timeout=REPLIES).active_queues() or {}
+    except Exception as exc:
+        LOG.info("queue consumers unknown: %s", type(exc).__name__)
+        return None
+    return sorted(
+        node
+        for node, queues in replies.items()
+        if any(queue.get("name") == settings.queue for queue in queues or [])
+    )
+
+
+def workers_doubt(settings: Settings) -> str | None:
+    """What ``explain`` says when no worker can take a run's next step (``None``: a worker
+    consuming the run queue answered)."""
+    consumers = queue_consumers(settings)
+    if consumers is None:
+        return f"the broker at {broker_address(settings)} does not answer, so no worker gets it"
+    if not consumers:
+        return (
+            f"no worker consuming queue {settings.queue!r} answered: one must run "
+            "(`orchestration worker`)"
+        )
+    return None

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,33 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             security_digest="sha256",
         )
     return config
+
+
+#: How long a client (the CLI, the Python API, the HTTP API) waits for the broker to accept a
+#: connection (seconds), and how often it tries: a launch that finds no broker says so within
+#: a second instead of blocking its caller (the run is saved; the sweeper sends it later).
+CLIENT_CONNECT_TIMEOUT = 0.4
+CLIENT_PUBLISH_RETRIES = 2
+
+
+def client_config(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The bounds of a client's sends, over ``conf`` (:func:`celery_config`'s): a bounded
+    connect (Redis takes it from the transport options, AMQP from
+    ``broker_connection_timeout``) and short publish retries. A worker keeps the longer
+    retries, which ride out a broker restart."""
+    return {
+        "broker_connection_timeout": CLIENT_CONNECT_TIMEOUT,
+        "broker_transport_options": {
+            **conf["broker_transport_options"],
+            "socket_connect_timeout": CLIENT_CONNECT_TIMEOUT,
+        },
+        "task_publish_retry_policy": {
+            "max_retries": CLIENT_PUBLISH_RETRIES,
+            "interval_start": 0.0,
+            "interval_step": 0.1,
+            "interval_max": 0.2,
+        },
+    }
 
 
 def configure(app: Celery, settings: Settings) -> Celery:

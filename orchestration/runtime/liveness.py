@@ -1,24 +1,28 @@
 """Liveness of the parts a run depends on: database, broker, sweeper.
 
-Used by ``orchestration health``, the HTTP ``/healthz`` and the metrics, so a dead sweeper is
-visible everywhere the same way.
+Used by ``orchestration health``, the HTTP ``/healthz``, the metrics and ``explain``, so a dead
+sweeper is visible everywhere the same way (:class:`SweeperLiveness` says it once).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kombu.connection import Connection
 from sqlalchemy import text
 
 from orchestration.db import get_engine, session_scope, utcnow
+from orchestration.errors import DatabaseNotReady
 from orchestration.models import SweeperBeat
+from orchestration.runtime import readiness
 from orchestration.settings import Settings
 from orchestration.sweeper import SWEEPER_NAME
 
 #: The sweeper counts as dead after this many missed intervals.
 SWEEPER_MISSED_INTERVALS = 3
+#: Longest the broker check waits for a connection (seconds).
+BROKER_TIMEOUT = 3.0
 
 
 def last_pass(settings: Settings) -> SweeperBeat | None:
@@ -36,37 +40,88 @@ def sweeper_age(settings: Settings, now: datetime) -> float | None:
     return None if beat is None else (now - beat.last_pass_at).total_seconds()
 
 
-def check(settings: Settings, now: datetime | None = None) -> dict[str, Any]:
-    """Each part's status and a one-line detail; ``ok`` only if all are."""
+@dataclass(frozen=True)
+class SweeperLiveness:
+    """The sweeper's last pass, judged: alive when it passed within
+    :data:`SWEEPER_MISSED_INTERVALS` intervals."""
+
+    #: Seconds since the last pass (``None``: it never ran).
+    age: float | None
+    #: ``ORCH_SWEEP_INTERVAL``.
+    interval: float
+
+    @property
+    def limit(self) -> float:
+        return SWEEPER_MISSED_INTERVALS * self.interval
+
+    @property
+    def ok(self) -> bool:
+        return self.age is not None and self.age <= self.limit
+
+    @property
+    def detail(self) -> str:
+        """The health report's line."""
+        if self.age is None:
+            return "never ran: is beat running?"
+        return f"last pass {self.age:.0f}s ago (limit {self.limit:.0f}s)"
+
+    @property
+    def doubt(self) -> str | None:
+        """What ``explain`` says of a sweeper that is not alive (``None`` when it is)."""
+        if self.ok:
+            return None
+        if self.age is None:
+            missed = "no sweeper pass has run yet"
+        else:
+            missed = (
+                f"no sweeper pass for {self.age / self.interval:.0f} intervals of "
+                f"{self.interval:g}s (the last {self.age:.0f}s ago)"
+            )
+        return f"{missed}: beat must run (`orchestration beat`)"
+
+
+def sweeper_liveness(settings: Settings, now: datetime) -> SweeperLiveness:
+    """The sweeper's liveness at ``now``, read from its row."""
+    return SweeperLiveness(sweeper_age(settings, now), settings.sweep_interval)
+
+
+def check(
+    settings: Settings, now: datetime | None = None, *, where: bool = False
+) -> dict[str, Any]:
+    """Each part's status and a one-line detail; ``ok`` only if all are. With ``where`` (the
+    operator's ``orchestration health``), a part that is down is named by its address
+    (password masked) and the cause in its own words; without it (the public ``/healthz``)
+    only by the kind of error."""
     now = now or utcnow()
     checks: dict[str, dict[str, Any]] = {}
+    url = settings.database_url
     try:
-        with get_engine(settings.database_url).connect() as connection:
+        readiness.require_database(url)
+        with get_engine(url).connect() as connection:
             connection.execute(text("SELECT 1"))
         checks["database"] = {"ok": True, "detail": "reachable"}
+    except DatabaseNotReady as exc:
+        checks["database"] = {"ok": False, "detail": str(exc) if where else "missing"}
     except Exception as exc:
-        checks["database"] = {"ok": False, "detail": f"unreachable: {type(exc).__name__}"}
-    try:
-        with Connection(settings.broker_url, connect_timeout=3) as connection:  # type: ignore[no-untyped-call]
-            connection.ensure_connection(max_retries=1, timeout=3)
+        detail = f"unreachable: {type(exc).__name__}"
+        if where:
+            address = readiness.database_address(url)
+            detail = f"the database at {address} is unreachable ({readiness.first_line(exc)})"
+        checks["database"] = {"ok": False, "detail": detail}
+    problem = readiness.broker_problem(settings, BROKER_TIMEOUT)
+    if problem is None:
         checks["broker"] = {"ok": True, "detail": "reachable"}
-    except Exception as exc:
-        checks["broker"] = {"ok": False, "detail": f"unreachable: {type(exc).__name__}"}
+    else:
+        checks["broker"] = {"ok": False, "detail": problem if where else "unreachable"}
     if checks["database"]["ok"]:
         try:
-            age = sweeper_age(settings, now)
+            sweeper = sweeper_liveness(settings, now)
         except Exception as exc:
-            age, checks["sweeper"] = None, {"ok": False, "detail": type(exc).__name__}
+            checks["sweeper"] = {"ok": False, "detail": type(exc).__name__}
         else:
-            limit = SWEEPER_MISSED_INTERVALS * settings.sweep_interval
-            if age is None:
-                checks["sweeper"] = {"ok": False, "detail": "never ran: is beat running?"}
-            else:
-                checks["sweeper"] = {
-                    "ok": age <= limit,
-                    "detail": f"last pass {age:.0f}s ago (limit {limit:.0f}s)",
-                    "age_seconds": age,
-                }
+            checks["sweeper"] = {"ok": sweeper.ok, "detail": sweeper.detail}
+            if sweeper.age is not None:
+                checks["sweeper"]["age_seconds"] = sweeper.age
     else:
         checks["sweeper"] = {"ok": False, "detail": "unknown: database unreachable"}
     return {"ok": all(part["ok"] for part in checks.values()), "checks": checks}

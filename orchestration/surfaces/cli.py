@@ -1,34 +1,52 @@
 """The ``orchestration`` command line.
 
 Every command that acts on runs takes ``--owner`` (default ``ORCH_OWNER``). ``--json`` prints
-records for programs; errors go to stderr as one line with exit status 2 and no traceback.
-Every command reads and checks the settings first, so a bad ``ORCH_`` variable is reported
-before anything starts.
+records for programs; errors go to stderr as one line with exit status 2 and no traceback (3
+for a launch whose run is saved but not sent: the broker did not answer). Every command reads
+and checks the settings first, so a bad ``ORCH_`` variable is reported before anything
+starts. Output is laid out for an 80-column terminal, and nothing printed is read as Rich
+markup (``cli_common``).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.table import Table
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from rich.text import Text
+from sqlalchemy.exc import SQLAlchemyError
 from typer._click import Context as ClickContext  # typer vendors click; its groups take this
 from typer.core import TyperGroup
 
-from orchestration.errors import ConfigurationError, OrchestrationError, ValidationError
+from orchestration.errors import (
+    ConfigurationError,
+    OrchestrationError,
+    RunNotFound,
+    ValidationError,
+)
 from orchestration.observability import logs, tracing
 from orchestration.records import RunRecord
 from orchestration.settings import get_settings
 from orchestration.states import RUN_TERMINAL, RunStatus
 from orchestration.surfaces import display
-from orchestration.surfaces.cli_common import AsJson, Owner, dump, err, error_line, failed
+from orchestration.surfaces.cli_common import (
+    AsJson,
+    Owner,
+    RunId,
+    ago,
+    console,
+    dump,
+    err,
+    error_line,
+    failed,
+    json_arg,
+)
 
 
 class _SettingsFirst(TyperGroup):
@@ -54,11 +72,12 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,
 )
-db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(db_app, name="db")
 
-out = Console()
+out = console()
 
 
 def _owner(owner: str | None) -> str:
@@ -79,25 +98,16 @@ def _show(record: RunRecord) -> None:
     display.show(out, record)
 
 
-def _fail(exc: OrchestrationError, as_json: bool) -> NoReturn:
-    raise failed(exc, as_json)
+def _fail(exc: OrchestrationError, as_json: bool, owner: str | None = None) -> NoReturn:
+    """Report ``exc``; a run that is not found names ``owner``, who looked for it."""
+    raise failed(exc, as_json, owner=_owner(owner) if isinstance(exc, RunNotFound) else None)
 
 
 def _database_error(exc: SQLAlchemyError) -> str:
-    """The driver's own first line (e.g. "connection refused"), without SQLAlchemy's SQL echo
-    and documentation link."""
-    cause = exc.orig if isinstance(exc, DBAPIError) else exc
-    first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-    return f"database: {first}"
+    """The driver's own first line (e.g. "connection refused"), not SQLAlchemy's SQL echo."""
+    from orchestration.runtime.readiness import first_line
 
-
-def _json_arg(text: str | None, field: str) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValidationError(field, f"is not valid JSON: {exc.msg}") from None
+    return f"database: {first_line(exc)}"
 
 
 @app.command()
@@ -117,12 +127,12 @@ def launch(
     from orchestration.definitions import REFERENCE
     from orchestration.workflows import load_file
 
+    named = not Path(file).exists() and REFERENCE.fullmatch(file)
     try:
-        named = not Path(file).exists() and REFERENCE.fullmatch(file)
         definition = file if named else load_file(file)
         record = _orchestrator().launch(
             definition,
-            _json_arg(args, "args"),
+            json_arg(args, "args"),
             owner=_owner(owner),
             request_id=request_id,
             concurrency_key=concurrency_key,
@@ -130,8 +140,12 @@ def launch(
         )
         if wait:
             record = _wait(record, _owner(owner), quiet=as_json)
+    except ValidationError as exc:
+        # A registered name that is not there: say whose registry was looked in.
+        looked_up = named and exc.field == "workflow"
+        raise failed(exc, as_json, owner=_owner(owner) if looked_up else None) from None
     except OrchestrationError as exc:
-        _fail(exc, as_json)
+        _fail(exc, as_json, owner)
     if as_json:
         dump(_record_json(record))
     else:
@@ -142,25 +156,27 @@ def launch(
 
 def _wait(record: RunRecord, owner: str, *, quiet: bool) -> RunRecord:
     orch = _orchestrator()
-    with err.status(f"run {record.id}: {record.status}", spinner="dots") as status:
+    with err.status(Text(f"run {record.id}: {record.status}"), spinner="dots") as status:
         while RunStatus(record.status) not in RUN_TERMINAL:
             time.sleep(0.25)
             record = orch.get(record.id, owner=owner)
             if not quiet:
                 step = record.steps[min(record.current_step, len(record.steps) - 1)]
                 status.update(
-                    f"run {record.id}: {record.status} — step {step.step_id} {step.status} "
-                    f"({step.last_provider_status or '…'}, {step.polls} polls)"
+                    Text(
+                        f"run {record.id}: {record.status} — step {step.step_id} {step.status} "
+                        f"({step.last_provider_status or '…'}, {step.polls} polls)"
+                    )
                 )
     return record
 
 
-def _print_record(call: Callable[[], RunRecord], as_json: bool) -> None:
+def _print_record(call: Callable[[], RunRecord], as_json: bool, owner: str | None) -> None:
     """Run ``call`` and print the record it returns, or its error, as every command does."""
     try:
         record = call()
     except OrchestrationError as exc:
-        _fail(exc, as_json)
+        _fail(exc, as_json, owner)
     if as_json:
         dump(_record_json(record))
     else:
@@ -168,9 +184,9 @@ def _print_record(call: Callable[[], RunRecord], as_json: bool) -> None:
 
 
 @app.command()
-def show(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
+def show(run_id: RunId, owner: Owner = None, as_json: AsJson = False) -> None:
     """Show one run with its steps."""
-    _print_record(lambda: _orchestrator().get(run_id, owner=_owner(owner)), as_json)
+    _print_record(lambda: _orchestrator().get(run_id, owner=_owner(owner)), as_json, owner)
 
 
 @app.command()
@@ -188,37 +204,55 @@ def runs(
     if as_json:
         dump([_record_json(record) for record in records])
         return
-    table = Table("run", "workflow", "status", "health", "created", "deadline_at")
+    # The id is never cut: it is what `show` and `cancel` take. The workflow's name gives way.
+    table = Table(box=None, pad_edge=False, collapse_padding=True)
+    table.add_column("run", no_wrap=True, min_width=32)
+    table.add_column("workflow", overflow="fold")
+    for name in ("status", "health", "created", "deadline"):
+        table.add_column(name, no_wrap=True)
+    now = datetime.now(UTC)
     for record in records:
+        deadline = record.deadline_at
         table.add_row(
             record.id,
-            record.workflow_name,
+            Text(record.workflow_name),
             display.styled(record.status),
             record.health,
-            record.created_at.isoformat(timespec="seconds"),
-            record.deadline_at.isoformat(timespec="seconds") if record.deadline_at else "-",
+            ago(now, record.created_at),
+            ago(now, deadline) if deadline and record.health != "ended" else "-",
         )
     out.print(table)
 
 
 @app.command()
 def cancel(
-    run_id: str,
+    run_id: RunId,
     graceful: Annotated[
         bool, typer.Option("--graceful", help="Only flag it; the step stops at its next poll.")
     ] = False,
     owner: Owner = None,
     as_json: AsJson = False,
 ) -> None:
-    """Cancel a run; returns once its row is terminal (unless --graceful)."""
-    _print_record(
-        lambda: _orchestrator().cancel(run_id, owner=_owner(owner), graceful=graceful), as_json
-    )
+    """Cancel a run; returns once it is terminal (unless --graceful).
+
+    A run that had already ended is left as it is: "already completed; nothing to cancel"
+    (with --json, "changed": false), exit status 0."""
+    try:
+        done = _orchestrator().cancel_run(run_id, owner=_owner(owner), graceful=graceful)
+    except OrchestrationError as exc:
+        _fail(exc, as_json, owner)
+    if as_json:
+        dump({**_record_json(done.record), "changed": done.changed})
+        return
+    if not done.changed:
+        out.print(f"run {run_id} already {done.record.status}; nothing to cancel")
+        return
+    _show(done.record)
 
 
 @app.command()
 def rerun(
-    run_id: str,
+    run_id: RunId,
     from_step: Annotated[
         str | None, typer.Option("--from", help="Rerun from this step (default: the failed one).")
     ] = None,
@@ -226,18 +260,21 @@ def rerun(
     owner: Owner = None,
     as_json: AsJson = False,
 ) -> None:
-    """Launch a new run that reuses the outputs of the steps before the failed (or given) one."""
+    """Run an ended run again from its failed (or a given) step.
+
+    The new run reuses the outputs of the steps before that one."""
     _print_record(
         lambda: _orchestrator().rerun(
             run_id, owner=_owner(owner), from_step=from_step, request_id=request_id
         ),
         as_json,
+        owner,
     )
 
 
 @app.command()
 def answer(
-    run_id: str,
+    run_id: RunId,
     step: Annotated[str, typer.Option("--step", help="The parked step's id.")],
     value: Annotated[str, typer.Option("--value", help="The answer, as JSON.")],
     owner: Owner = None,
@@ -245,16 +282,15 @@ def answer(
 ) -> None:
     """Answer a run parked for a human; it resumes."""
     _print_record(
-        lambda: _orchestrator().answer(
-            run_id, step, _json_arg(value, "value"), owner=_owner(owner)
-        ),
+        lambda: _orchestrator().answer(run_id, step, json_arg(value, "value"), owner=_owner(owner)),
         as_json,
+        owner,
     )
 
 
 @app.command()
 def approve(
-    run_id: str,
+    run_id: RunId,
     step: Annotated[str, typer.Option("--step", help="The approval step's id.")],
     reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
     comment: Annotated[
@@ -263,64 +299,55 @@ def approve(
     owner: Owner = None,
     as_json: AsJson = False,
 ) -> None:
-    """Decide a run's approval step: approved, it moves on; rejected, it fails."""
+    """Approve (or --reject) a run's approval step.
+
+    Approved, the run moves on; rejected, it fails."""
     _print_record(
         lambda: _orchestrator().approve(
             run_id, step, owner=_owner(owner), approve=not reject, comment=comment
         ),
         as_json,
+        owner,
     )
 
 
 @app.command()
-def explain(run_id: str, owner: Owner = None, as_json: AsJson = False) -> None:
-    """Say why a run is where it is, what moves it next, and its deadline."""
+def explain(run_id: RunId, owner: Owner = None, as_json: AsJson = False) -> None:
+    """Say why a run is where it is and what moves it next.
+
+    Also its deadline, and what is not running that should be (beat, a worker)."""
     try:
         summary = _orchestrator().explain(run_id, owner=_owner(owner))
     except OrchestrationError as exc:
-        _fail(exc, as_json)
+        _fail(exc, as_json, owner)
     if as_json:
         dump(summary)
     else:
-        out.print(summary["text"], highlight=False)
+        out.print(summary["text"])
 
 
 @app.command()
-def sweep(as_json: AsJson = False) -> None:
-    """Run one sweeper pass now (beat does this every ORCH_SWEEP_INTERVAL)."""
-    from orchestration.db import check_ready
-    from orchestration.runtime.celery_queue import client_executor
-    from orchestration.sweeper import Sweeper
-
-    settings = get_settings()
+def events(run_id: RunId, owner: Owner = None, as_json: AsJson = False) -> None:
+    """Print a run's journal (every status change), oldest first."""
     try:
-        check_ready(settings.database_url)
-        report = Sweeper(settings, client_executor(settings)).sweep()
+        journal = _orchestrator().events(run_id, owner=_owner(owner))
     except OrchestrationError as exc:
-        _fail(exc, as_json)
+        _fail(exc, as_json, owner)
     if as_json:
-        dump(report)
-    else:
-        out.print(", ".join(f"{key}={value}" for key, value in report.items()))
-
-
-_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
-
-
-@app.command(context_settings=_PASSTHROUGH)
-def worker(ctx: typer.Context) -> None:
-    """Start a Celery worker (prefork); extra arguments go to `celery worker`."""
-    from orchestration.runtime.processes import celery_here
-
-    celery_here("worker", "--loglevel", "INFO", "-E", *ctx.args)
-
-
-@app.command(context_settings=_PASSTHROUGH)
-def beat(ctx: typer.Context) -> None:
-    """Start Celery beat (run exactly one); extra arguments go to `celery beat`."""
-    from orchestration.runtime.processes import celery_here
-
-    celery_here("beat", "--loglevel", "INFO", *ctx.args)
+        dump(journal)
+        return
+    for event in journal:
+        where = f"step {event['step_id']}" if event["step_id"] else "run"
+        stop = f" ({event['stop_reason']})" if event["stop_reason"] else ""
+        out.print(
+            Text.assemble(
+                event["at"].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                f"  {where}: {event['from'] or '-'} -> ",
+                display.styled(event["to"]),
+                f"{stop}  ",
+                event["cause"] or "",
+            )
+        )
 
 
 @db_app.command("upgrade")
@@ -339,9 +366,10 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
 
 
 def _register_extensions() -> None:
-    from orchestration.surfaces import definitions_cli, maintenance, schedules_cli
+    from orchestration.surfaces import definitions_cli, maintenance, process_cli, schedules_cli
     from orchestration.surfaces.api import commands
 
+    process_cli.register(app)
     commands.register(app)
     maintenance.register(app)
     definitions_cli.register_commands(app)

@@ -8,16 +8,25 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from orchestration.errors import OrchestrationError
-from orchestration.surfaces.cli_common import AsJson, Owner, dump, failed, orchestrator_and_owner
+from orchestration.errors import OrchestrationError, ValidationError
+from orchestration.surfaces.cli_common import (
+    AsJson,
+    Owner,
+    console,
+    dump,
+    failed,
+    orchestrator_and_owner,
+)
 
 workflows_app = typer.Typer(
-    help="Registered workflow definitions (name@version).", no_args_is_help=True
+    help="Registered workflow definitions (name@version).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
-_out = Console()
+_out = console()
 
 
 @workflows_app.command("register")
@@ -29,8 +38,9 @@ def register(
     owner: Owner = None,
     as_json: AsJson = False,
 ) -> None:
-    """Store a validated definition as the next version of its name (the same content again
-    is a no-op that prints the version it already is)."""
+    """Store a definition as the next version of its name.
+
+    The same content again is a no-op that prints the version it already is."""
     from orchestration.workflows import load_file
 
     try:
@@ -42,12 +52,14 @@ def register(
         dump({**found.summary(), "created": created})
         return
     said = "registered" if created else "unchanged:"
-    _out.print(f"{said} {found.ref}  sha256:{found.sha256[:12]}", highlight=False)
+    _out.print(f"{said} {found.ref}  sha256:{found.sha256[:12]}")
 
 
 @workflows_app.command("list")
 def list_workflows(owner: Owner = None, as_json: AsJson = False) -> None:
-    """The owner's definitions and the published ones, every version, newest first."""
+    """List the owner's definitions and the published ones.
+
+    Every version, newest first."""
     try:
         orch, who = orchestrator_and_owner(owner)
         found = orch.workflows(owner=who)
@@ -60,9 +72,13 @@ def list_workflows(owner: Owner = None, as_json: AsJson = False) -> None:
     for one in found:
         args = sorted((one.definition.get("args_schema") or {}).get("properties", {}))
         table.add_row(
-            one.ref, str(len(one.definition["steps"])), ", ".join(args) or "-",
-            one.sha256[:12], "shared" if one.shared else "own", one.created_at.isoformat(),
-        )  # fmt: skip
+            Text(one.ref),
+            str(len(one.definition["steps"])),
+            Text(", ".join(args) or "-"),
+            one.sha256[:12],
+            "shared" if one.shared else "own",
+            one.created_at.isoformat(timespec="seconds"),
+        )
     _out.print(table)
 
 
@@ -72,9 +88,12 @@ def show(
     owner: Owner = None,
 ) -> None:
     """The stored definition, as JSON (what a launch of it runs)."""
+    who = None
     try:
         orch, who = orchestrator_and_owner(owner)
         found = orch.workflow(ref, owner=who)
+    except ValidationError as exc:
+        raise failed(exc, True, owner=who if exc.field == "workflow" else None) from None
     except OrchestrationError as exc:
         raise failed(exc, True) from None
     dump({**found.summary(), "definition": found.definition})

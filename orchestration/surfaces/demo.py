@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from orchestration.db import dispose_engines, upgrade
 from orchestration.errors import ValidationError
@@ -43,6 +44,9 @@ DEMO_SETTINGS = {
     "ORCH_VISIBILITY_TIMEOUT": "120",
     "ORCH_SWEEP_INTERVAL": "5",
     "ORCH_OWNER": "demo",
+    # The demo grants loopback itself (the default list grants nothing): an example may
+    # name a local agent service.
+    "ORCH_PROVIDER_HOSTS": "localhost,127.0.0.0/8,::1",
 }
 #: The args each example that takes any is run with.
 EXAMPLE_ARGS: dict[str, dict[str, Any]] = {
@@ -58,14 +62,18 @@ def _table(records: list[RunRecord]) -> Table:
         step = record.steps[min(record.current_step, len(record.steps) - 1)]
         table.add_row(
             record.id[:12],
-            record.workflow_name,
+            Text(record.workflow_name),
             record.status,
             step.step_id,
             step.status,
-            step.last_provider_status or "-",
+            Text(step.last_provider_status or "-"),
             str(step.polls),
         )
     return table
+
+
+def _verdict(ok: bool) -> Text:
+    return Text("demo passed", style="green") if ok else Text("demo failed", style="red")
 
 
 def examples() -> list[str]:
@@ -107,11 +115,14 @@ def _engine(console: Console, folder: Path) -> Iterator[Any]:
         get_settings.cache_clear()
         settings = get_settings()
         upgrade(settings.database_url)
-        console.print(f"[bold]embedded broker[/] {broker.url}, database {folder / 'demo.db'}")
+        where = f" {broker.url}, database {folder / 'demo.db'}"
+        console.print(Text.assemble(("embedded broker", "bold"), where))
         worker = start_worker(env, folder / "worker.log", concurrency=2, name="demo")
         try:
             worker.wait_for_log("ready.", timeout=60)
-            console.print(f"[bold]worker[/] pid {worker.pid} ready (prefork, 2 processes)")
+            console.print(
+                Text.assemble(("worker", "bold"), f" pid {worker.pid} ready (prefork, 2 processes)")
+            )
             yield Orchestrator(settings, client_queue(settings))
         finally:
             worker.stop()
@@ -131,7 +142,7 @@ def _pair(console: Console, orch: Any) -> int:
     display.show(console, second)
     console.print(f"cancel() returned a terminal row in {cancel_seconds * 1000:.0f} ms")
     ok = first.status == RunStatus.COMPLETED and second.status == RunStatus.CANCELLED
-    console.print("[green]demo passed[/]" if ok else "[red]demo failed[/]")
+    console.print(_verdict(ok))
     return 0 if ok else 1
 
 
@@ -147,7 +158,7 @@ def _example(console: Console, orch: Any, name: str) -> int:
         step = record.steps[min(record.current_step, len(record.steps) - 1)]
         line = _progress(orch, record, step)
         if line != seen:
-            console.print(line)
+            console.print(Text(line))
             seen = line
         if record.park_reason == "approval":
             console.print(f"approving step {step.step_id!r} as the demo owner")
@@ -157,7 +168,7 @@ def _example(console: Console, orch: Any, name: str) -> int:
     console.rule("final record")
     display.show(console, record)
     ok = record.status == RunStatus.COMPLETED
-    console.print("[green]demo passed[/]" if ok else "[red]demo failed[/]")
+    console.print(_verdict(ok))
     return 0 if ok else 1
 
 

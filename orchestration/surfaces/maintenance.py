@@ -1,4 +1,5 @@
-"""CLI commands for an operator's upkeep: ``orchestration prune``, ``health`` and ``demo``.
+"""CLI commands for an operator's upkeep: ``orchestration sweep``, ``prune``, ``health`` and
+``demo``.
 
 Registered on the main typer app by :func:`register`. An error (a bad ``--older-than``) is
 raised as an :class:`OrchestrationError`, which the CLI's entry point prints as one line with
@@ -14,11 +15,12 @@ from datetime import timedelta
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.text import Text
 
-from orchestration.errors import ValidationError
+from orchestration.errors import OrchestrationError, ValidationError
+from orchestration.surfaces.cli_common import AsJson, console, dump, failed
 
-_out = Console()
+_out = console()
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -31,20 +33,47 @@ def age(text: str) -> timedelta:
     return timedelta(seconds=float(found.group(1)) * _UNIT[found.group(2)])
 
 
+def sweep(as_json: AsJson = False) -> None:
+    """Run one sweeper pass now, as beat does periodically.
+
+    Beat sends one every ORCH_SWEEP_INTERVAL."""
+    from orchestration.db import check_ready
+    from orchestration.runtime.celery_queue import client_executor
+    from orchestration.runtime.readiness import require_database
+    from orchestration.settings import get_settings
+    from orchestration.sweeper import Sweeper
+
+    settings = get_settings()
+    try:
+        require_database(settings.database_url)
+        check_ready(settings.database_url)
+        report = Sweeper(settings, client_executor(settings)).sweep()
+    except OrchestrationError as exc:
+        raise failed(exc, as_json) from None
+    if as_json:
+        dump(report)
+    else:
+        _out.print(", ".join(f"{key}={value}" for key, value in report.items()))
+
+
 def prune(
     older_than: Annotated[str, typer.Option(help="Delete runs that ended this long ago: 30d.")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, delete nothing.")] = False,
     batch: Annotated[int, typer.Option(min=1, help="Runs per transaction.")] = 500,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for programs.")] = False,
 ) -> None:
-    """Delete runs that ended before --older-than with all their rows, in bounded batches."""
+    """Delete the runs that ended before --older-than.
+
+    Each run goes with all its rows, in bounded batches."""
     from orchestration import retention
     from orchestration.db import check_ready, utcnow
     from orchestration.runtime.executor import Executor
+    from orchestration.runtime.readiness import require_database
     from orchestration.settings import get_settings
 
     settings = get_settings()
     cutoff = utcnow() - age(older_than)
+    require_database(settings.database_url)
     check_ready(settings.database_url)
     report = retention.prune(
         Executor(settings, None),
@@ -56,23 +85,25 @@ def prune(
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
-        _out.print(", ".join(f"{key}={value}" for key, value in report.items()), highlight=False)
+        _out.print(", ".join(f"{key}={value}" for key, value in report.items()))
 
 
 def health(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for programs.")] = False,
 ) -> None:
-    """Check the database, the broker and the sweeper's liveness; exit 1 if any is down."""
+    """Check the database, broker and sweeper; exit 1 if one is down.
+
+    A part that is down is named by its address (password masked) and the cause."""
     from orchestration.runtime.liveness import check
     from orchestration.settings import get_settings
 
-    report = check(get_settings())
+    report = check(get_settings(), where=True)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
         for name, part in report["checks"].items():
-            mark = "[green]ok[/]" if part["ok"] else "[red]FAIL[/]"
-            _out.print(f"{name:10} {mark}  {part['detail']}", highlight=False)
+            mark = ("ok", "green") if part["ok"] else ("FAIL", "red")
+            _out.print(Text.assemble(f"{name:10} ", mark, "  ", part["detail"]))
     if not report["ok"]:
         raise typer.Exit(1)
 
@@ -82,14 +113,17 @@ def demo(
         str | None, typer.Option(help="Run examples/NAME.yaml to its end instead (shapes).")
     ] = None,
 ) -> None:
-    """Run the demo: a real worker on SQLite and an embedded broker (or --example NAME)."""
+    """Run the demo: a worker, SQLite and an embedded broker.
+
+    With --example NAME, run that example workflow instead."""
     from orchestration.surfaces.demo import run_demo
 
     raise typer.Exit(run_demo(_out, example))
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``prune``, ``health`` and ``demo`` to the main CLI."""
+    """Add ``sweep``, ``prune``, ``health`` and ``demo`` to the main CLI."""
+    app.command("sweep")(sweep)
     app.command("prune")(prune)
     app.command("health")(health)
     app.command("demo")(demo)

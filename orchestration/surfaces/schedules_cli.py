@@ -9,23 +9,34 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from orchestration.errors import OrchestrationError
-from orchestration.surfaces.cli_common import AsJson, Owner, dump, failed, orchestrator_and_owner
+from orchestration.surfaces.cli_common import (
+    AsJson,
+    Owner,
+    console,
+    dump,
+    failed,
+    orchestrator_and_owner,
+)
 
 schedules_app = typer.Typer(
-    help="Workflow schedules: next fires, last fires, pause and resume.", no_args_is_help=True
+    help="Workflow schedules: next fires, last fires, pause and resume.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
-_out = Console()
+_out = console()
 
 Name = Annotated[str, typer.Argument(help="The registered workflow's name.")]
 
 
 @schedules_app.command("list")
 def list_schedules(owner: Owner = None, as_json: AsJson = False) -> None:
-    """The owner's schedules: next fire times, paused or not, the last fires and their runs."""
+    """List the owner's schedules, their next and last fires.
+
+    Paused or not, and the runs the last fires made."""
     try:
         orch, who = orchestrator_and_owner(owner)
         found = orch.schedules(owner=who)
@@ -43,9 +54,13 @@ def list_schedules(owner: Owner = None, as_json: AsJson = False) -> None:
             for fire in one["last_fires"][:3]
         )
         table.add_row(
-            one["ref"], f"{when} ({spec['timezone']})", spec["overlap"],
-            "paused" if one["paused"] else "active", one["next_fires"][0], last or "-",
-        )  # fmt: skip
+            Text(one["ref"]),
+            f"{when} ({spec['timezone']})",
+            spec["overlap"],
+            "paused" if one["paused"] else "active",
+            one["next_fires"][0] if one["next_fires"] else "-",
+            Text(last or "-"),
+        )
     _out.print(table)
 
 
@@ -57,25 +72,31 @@ def _switch(name: str, owner: str | None, *, paused: bool) -> None:
     except OrchestrationError as exc:
         raise failed(exc, False) from None
     state = "paused" if paused else "resumed"
-    _out.print(f"{state} {name}" if changed else f"{name} was already {state}", highlight=False)
+    _out.print(f"{state} {name}" if changed else f"{name} was already {state}")
 
 
 @schedules_app.command("pause")
 def pause(name: Name, owner: Owner = None) -> None:
-    """Pause: its fires are neither recorded nor launched until ``resume``."""
+    """Pause a schedule: nothing fires until it is resumed.
+
+    Its fires are neither recorded nor launched meanwhile."""
     _switch(name, owner, paused=True)
 
 
 @schedules_app.command("resume")
 def resume(name: Name, owner: Owner = None) -> None:
-    """Resume: fires missed meanwhile inside ``catchup_window`` are launched, older ones
-    recorded as skipped."""
+    """Resume a paused schedule.
+
+    Fires missed meanwhile inside its catchup_window are launched, older ones recorded as
+    skipped."""
     _switch(name, owner, paused=False)
 
 
 @schedules_app.command("fire")
 def fire() -> None:
-    """One pass of every owner's schedules now, as the beat runs it (counts as JSON)."""
+    """Fire every owner's due schedules now, as the beat does.
+
+    Prints the pass's counts as JSON."""
     from orchestration import schedules
 
     try:

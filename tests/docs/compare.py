@@ -6,7 +6,9 @@ must, so both sides are normalised before they are compared:
 1. a run id (32 hex characters) becomes ``<id>``;
 2. an ISO 8601 time (``2026-11-30T04:41:42+00:00``, with or without fraction) becomes
    ``<time>``;
-3. every other number becomes ``<n>`` (poll counts, ``3s ago``, ``seconds=0.43``);
+3. a duration in one unit (``3s``, ``4m``, ``2h``, ``1d``: the CLI's ``12s ago``, ``in 1m``)
+   becomes ``<duration>``, whatever its unit, and every other number becomes ``<n>`` (poll
+   counts, ``seconds=0.43``);
 4. a run of one box-drawing character becomes one (table widths follow their cells), and
    every run of white space, line breaks included, becomes one space.
 
@@ -20,6 +22,7 @@ import re
 
 RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")
 _TIME = re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?\b")
+_DURATION = re.compile(r"\b\d+(?:\.\d+)?[smhd]\b")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _BOX_RUN = re.compile(r"([\u2500-\u257f])\1+")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -30,6 +33,7 @@ def normalise_lines(text: str) -> list[str]:
     text = _ANSI.sub("", text)
     text = RUN_ID.sub("<id>", text)
     text = _TIME.sub("<time>", text)
+    text = _DURATION.sub("<duration>", text)
     text = _NUMBER.sub("<n>", text)
     text = _BOX_RUN.sub(r"\1", text)
     return [" ".join(line.split()) for line in text.splitlines() if line.strip()]

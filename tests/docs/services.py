@@ -3,8 +3,9 @@
 A page's runnable blocks name where their state lives (``ORCH_DATABASE_URL``,
 ``ORCH_BROKER_URL``, ``/tmp/NAME/`` paths). Before and after the page runs, each is emptied,
 so a run starts clean and leaves nothing behind: a PostgreSQL database is dropped (the page
-creates it itself, as a reader must), a Redis database is flushed, a folder is removed so the
-program has to create it. Redis database 0 is refused: it is everyone's default.
+creates it itself, as a reader must), a Redis database is flushed (unless nothing listens at
+its address: a page may show what a command says then), a folder is removed so the program
+has to create it. Redis database 0 is refused: it is everyone's default.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ def _flush_redis(url: str) -> None:
     database = urlsplit(url).path.lstrip("/") or "0"
     if database == "0":
         raise ValueError(f"the docs must name a Redis database of their own, not 0: {url}")
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url, socket_connect_timeout=2)
     try:
         client.flushdb()
+    except redis.ConnectionError:
+        pass  # nothing listens there: a page showing what a command says when it is down
     finally:
         client.close()

@@ -61,7 +61,7 @@ class Session:
             PATH=f"{self.venv_bin}:{SYSTEM_PATH}",
             VIRTUAL_ENV=str(self.venv_bin.parent),
             TERM="dumb",
-            COLUMNS="130",
+            COLUMNS="80",
             NO_COLOR="1",
             CI=os.environ.get("CI", ""),
         )

@@ -5,7 +5,9 @@ runs in its own session (:mod:`tests.docs.session`): a new HOME, a new working d
 holds a copy of the repository's files (the docs say "from the repository's root"), that
 virtualenv's ``bin`` first on PATH, and no ``ORCH_`` variable the page does not set itself.
 The services are the ones the page names (:mod:`tests.docs.services`). A page stops at its
-first failing block, which is reported with its file, line, command and output.
+first failing block, which is reported with its file, line, command and output. A page that
+leaves a file in the working directory that ``git status`` would show (a file its commands
+wrote into the checkout) fails too.
 
     .venv/bin/pytest -m docs tests/docs          # or: make docs-test
 """
@@ -172,6 +174,17 @@ class Page:
             self._job_failed(block, job)
 
 
+def _untracked(work: Path) -> set[str]:
+    """The files of ``work`` that ``git status`` would list (not ignored by ``.gitignore``)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--others", "--exclude-standard"],
+        cwd=work,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    return set(filter(None, listed.split("\0")))
+
+
 @pytest.mark.parametrize(
     "page", [p for p in PAGES if _runnable(p)], ids=lambda p: p.relative_to(ROOT).as_posix()
 )
@@ -180,6 +193,8 @@ def test_page_runs_as_written(page: Path, venv_bin: Path, tmp_path: Path) -> Non
     named = "\n".join(block.body for block in blocks)
     services.reset(named)
     work = _copy_repository(tmp_path / "work")
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    copied = _untracked(work)
     run = Page(page, Session(tmp_path / "session", venv_bin, work))
     try:
         for block in blocks:
@@ -188,3 +203,5 @@ def test_page_runs_as_written(page: Path, venv_bin: Path, tmp_path: Path) -> Non
     finally:
         run.session.stop()
         services.reset(named)
+    left = sorted(_untracked(work) - copied)
+    assert not left, f"{page.name}: its commands left files in the checkout: {left}"

@@ -19,6 +19,11 @@ from tests.integration.conftest import Stack
 
 pytestmark = pytest.mark.e2e
 
+#: The sweeper counts as alive for 3 intervals after a pass: 30 s here, so that ``health`` run
+#: right after ``sweep`` finds it alive however long each command takes to start on a busy
+#: machine (with the shared 1 s interval, two CLI starts on a loaded host took longer).
+STACK_SETTINGS = {"ORCH_SWEEP_INTERVAL": "10"}
+
 EXAMPLES = Path(__file__).parents[2] / "orchestration" / "examples"
 #: The console script installed beside this interpreter (the venv the tests run in).
 CLI = str(Path(sys.executable).parent / "orchestration")

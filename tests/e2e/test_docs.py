@@ -240,6 +240,36 @@ def test_concepts_tables_match_states() -> None:
     )
 
 
+def render_scripted_options() -> str:
+    """The table of the scripted provider's ``with:`` options (``docs/providers.md``)."""
+    from orchestration.providers.scripted_options import OPTIONS
+
+    return _table(
+        ("option", "what it does"), [(f"`{name}`", text) for name, text in OPTIONS.items()]
+    )
+
+
+def test_providers_lists_every_scripted_option() -> None:
+    """Every option ``scripted_options.check`` accepts is documented, with what it does, and
+    nothing else is (issue 33: they showed up only in an error's list of known options)."""
+    from orchestration.providers.scripted_options import KNOWN
+
+    doc = DOCS / "providers.md"
+    text = doc.read_text(encoding="utf-8")
+    rendered = {"scripted-options": render_scripted_options()}
+    if REGENERATE:
+        doc.write_text(replace_regions(text, "generated", rendered), encoding="utf-8")
+        text = doc.read_text(encoding="utf-8")
+    found = regions(text, "generated")
+    assert found.get("scripted-options") == rendered["scripted-options"], (
+        "docs/providers.md's scripted options differ from orchestration/providers/"
+        "scripted_options.py; rewrite them with ORCH_REGENERATE_DOCS=1 .venv/bin/pytest "
+        "tests/e2e/test_docs.py"
+    )
+    shown = set(re.findall(r"^\| `(\w+)` \|", rendered["scripted-options"], re.M))
+    assert shown == set(KNOWN)
+
+
 # -- settings ----------------------------------------------------------------------------------
 
 
@@ -249,6 +279,8 @@ def render_default(name: str) -> str:
     assert value is not PydanticUndefined, f"setting {name} has no default"
     if value is None:
         return "unset"
+    if value == "":
+        return "empty"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return f"`{value}`"
@@ -546,11 +578,13 @@ class Console:
 
     def run(self, command: str, *, expect: tuple[int, ...] = (0,), stderr: bool = False) -> str:
         argv = shlex.split(command)
+        env = dict(self.env)
+        while re.fullmatch(r"[A-Z_]+=.*", argv[0]):  # VAR=value before the command
+            name, _, value = argv.pop(0).partition("=")
+            env[name] = value
         assert argv[0] == "orchestration", command
         argv[0] = str(Path(sys.executable).with_name("orchestration"))
-        done = subprocess.run(
-            argv, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=180
-        )
+        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
         assert done.returncode in expect, f"{command}: exit {done.returncode}\n{done.stderr}"
         text = done.stdout + (done.stderr if stderr else "")
         return "\n".join(line.rstrip() for line in text.splitlines())
@@ -571,7 +605,7 @@ class Console:
 
 def _clean_env(**values: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
-    env.update(COLUMNS="130", NO_COLOR="1", TERM="dumb", PYTHONWARNINGS="ignore")
+    env.update(COLUMNS="80", NO_COLOR="1", TERM="dumb", PYTHONWARNINGS="ignore")
     env.update(values)
     return env
 
@@ -676,6 +710,8 @@ def _walkthrough(broker_url: str, shell_blocks: dict[str, str]) -> None:
         )
         console.show("walk-runs", "orchestration runs")
         console.show("walk-cancel", f"orchestration cancel {endless}")
+        console.show("walk-cancel-ended", f"orchestration cancel {endless}")
+        console.show("walk-events", f"orchestration events {endless}")
         console.show(
             "walk-explain", f"orchestration explain {endless}", f"orchestration explain {done}"
         )
@@ -685,6 +721,12 @@ def _walkthrough(broker_url: str, shell_blocks: dict[str, str]) -> None:
             "orchestration launch orchestration/examples/research.yaml",
             "orchestration show 0123456789abcdef --json",
             expect=(2,),
+        )
+        console.show(
+            "walk-broker-down",
+            "ORCH_BROKER_URL=redis://127.0.0.1:1/14 orchestration launch "
+            'orchestration/examples/research.yaml --args \'{"topic": "otters"}\'',
+            expect=(3,),
         )
         _poll(
             lambda: json.loads(console.run("orchestration health --json", expect=(0, 1)))["ok"],

@@ -48,9 +48,13 @@ pytestmark = pytest.mark.integration
 BOUND = 2.0
 MARGIN = 1.5
 SECRET = "s3cret-bound-token-91ae"
+#: Loopback, granted explicitly (the default list is empty).
+LOOPBACK = "localhost,127.0.0.0/8,::1"
 SETTINGS = Settings(
     provider_timeout=BOUND,
-    provider_secrets={"AGENT_TOKEN": ["127.0.0.1", "agent.test"]},
+    provider_hosts=LOOPBACK,
+    # agent.test is reached over http in these tests: its entry says so.
+    provider_secrets={"AGENT_TOKEN": ["127.0.0.1", "http://agent.test"]},
 )
 KEY = "run-1:step:1"
 
@@ -404,3 +408,51 @@ def test_a_tls_handshake_that_never_answers_ends_within_the_bound() -> None:
     FIGURES["silent-tls-handshake send"] = elapsed
     assert isinstance(outcome, RetryableProviderError), outcome
     assert elapsed < BOUND + MARGIN
+
+
+# --- what one request may weigh, and which headers it carries ------------------------------
+
+
+def test_the_largest_request_is_the_budget_plus_the_clients_own_framing(
+    token: str, connects: list[tuple[str, int]]
+) -> None:
+    """With ``ORCH_MAX_REQUEST_BYTES=8192``, the largest task a start sends is found by
+    bisection; the request it makes on the wire is the budget plus what the HTTP client adds
+    (request line, Host, Accept, User-Agent, Content-Length, ...), and one byte more is
+    refused before connecting."""
+    budget = 8192
+    settings = SETTINGS.model_copy(update={"max_request_bytes": budget})
+    provider = HttpProvider(settings)
+    with HostileServer(well_behaved()) as server:
+        options = http_options(server.url)
+
+        def fits(size: int) -> bool:
+            try:
+                provider.start(TurnRequest(KEY, "run-1", "step", 1, "x" * size, options))
+            except PermanentProviderError as exc:
+                assert "ORCH_MAX_REQUEST_BYTES" in str(exc)
+                return False
+            return True
+
+        low, high = 0, budget
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        connected = len(connects)
+        assert not fits(low + 1)
+        assert len(connects) == connected, "an over-budget request connects nowhere"
+        largest = max(request.size for request in server.requests)
+    assert budget <= largest <= budget + 256, largest
+
+
+def test_each_header_goes_once_whatever_its_case_and_the_engines_own_win(token: str) -> None:
+    with HostileServer(well_behaved()) as server:
+        options = http_options(server.url)
+        options["headers"] = {**options["headers"], "x-trace": "top", "idempotency-key": "forged"}
+        options["start"]["headers"] = {"X-Trace": "own"}
+        HttpProvider(SETTINGS).start(turn(options))
+    head = server.requests[0].head.decode("latin-1").lower()
+    assert head.count("\r\nx-trace:") == 1 and "\r\nx-trace: own" in head
+    assert head.count("\r\nidempotency-key:") == 1
+    assert f"\r\nidempotency-key: {KEY}" in head
+    assert head.count("\r\nauthorization:") == 1

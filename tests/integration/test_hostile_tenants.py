@@ -957,3 +957,75 @@ def test_localhost_on_a_port_the_allow_list_does_not_name_is_refused_at_launch(
     assert "localhost" in caught.value.problem and "8766" in caught.value.problem
     assert "ORCH_PROVIDER_HOSTS" in caught.value.problem, caught.value
     assert row_counts(stack) == before
+
+
+# -- 7. what a worker sends: headers, cleartext secrets, the request's bytes ------------------
+
+SMUGGLING = {
+    "Host": "attacker-vhost.example",
+    "transfer-encoding": "chunked",
+    "Content-Length": "0",
+    "Proxy-Authorization": "Basic x",
+    "Connection": "upgrade",
+}
+
+
+@pytest.mark.parametrize("header", list(SMUGGLING))
+def test_a_routing_or_framing_header_beside_the_secret_is_refused_at_launch(
+    header: str, stack: Stack, orch: Orchestrator, owner: str
+) -> None:
+    """The issue sent ``Host: attacker-vhost.example`` beside the bound bearer secret, and
+    ``Transfer-Encoding: chunked`` beside httpx's ``Content-Length``: each is refused at
+    launch naming the header's field; no row is written and nothing is sent."""
+    headers = {**AUTH, header: SMUGGLING[header]}
+    before = row_counts(stack)
+    with pytest.raises(ValidationError) as caught:
+        orch.launch(flow("http://127.0.0.1:9", headers=headers), owner=owner)
+    assert caught.value.field == f"steps[0].with.headers.{header}", caught.value
+    assert "set by the engine's HTTP client" in caught.value.problem
+    assert row_counts(stack) == before
+
+
+def test_a_secret_bound_to_port_443_is_refused_for_cleartext_http_at_launch(
+    stack: Stack, owner: str
+) -> None:
+    """``ELSEWHERE_TOKEN`` is bound to ``agents.example.com:443``; a workflow naming it for
+    ``http://agents.example.com:443/`` is refused (the host is listed by name, so no lookup
+    is made and nothing connects: the autouse guard would record it)."""
+    settings = stack.settings.model_copy(
+        update={"provider_hosts": f"{stack.settings.provider_hosts},agents.example.com:443"}
+    )
+    headers = {"Authorization": {"secret": ELSEWHERE_ENV, "prefix": "Bearer "}}
+    before = row_counts(stack)
+    with pytest.raises(ValidationError) as caught:
+        Orchestrator(settings, None).launch(
+            flow("http://agents.example.com:443", headers=headers), owner=owner
+        )
+    assert caught.value.field == "steps[0].with.headers.Authorization.secret", caught.value
+    assert "over https only" in caught.value.problem
+    assert row_counts(stack) == before
+    workflows.parse(flow("https://agents.example.com", headers=headers), settings)
+
+
+def test_a_start_over_the_request_budget_fails_over_limit_in_the_worker_sending_nothing(
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+    serve: Callable[[Behaviour], HostileServer],
+) -> None:
+    """A start that names ``{task}`` three times (twice in its URL, once in its default
+    body) passes the launch (three times the task's bound fits ``ORCH_MAX_REQUEST_BYTES``),
+    but percent-encoding makes a 240 KB task of 'é's 720 KB: the worker stops rendering at
+    the budget and the run fails ``over_limit`` naming the setting, with no request made to
+    the service."""
+    server = serve(WORKING)
+    workflow = flow(server.url)
+    workflow["steps"][0]["task"] = "{{ args.text }}" * 4
+    workflow["steps"][0]["with"]["start"]["url"] = server.url + "/runs/{task}/{task}"
+    run = orch.launch(workflow, {"text": "é" * 30_000}, owner=owner)
+    wait_for(lambda: orch.get(run.id, owner=owner).status == "failed", 30, what="the failure")
+    record = orch.get(run.id, owner=owner)
+    assert record.stop_reason == "over_limit", record.error
+    assert record.error is not None and "ORCH_MAX_REQUEST_BYTES" in record.error
+    assert server.connections == 0

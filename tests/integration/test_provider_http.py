@@ -37,8 +37,12 @@ def service() -> Iterator[AgentService]:
     running.stop()
 
 
+#: Loopback, granted explicitly (the default list is empty).
+LOOPBACK = "localhost,127.0.0.0/8,::1"
 #: The service's token may go to the loopback service only.
-SETTINGS = Settings(provider_timeout=5, provider_secrets={"AGENT_TOKEN": ["127.0.0.1"]})
+SETTINGS = Settings(
+    provider_timeout=5, provider_hosts=LOOPBACK, provider_secrets={"AGENT_TOKEN": ["127.0.0.1"]}
+)
 
 
 @pytest.fixture
@@ -81,7 +85,7 @@ def poll_until(
 
 
 def test_registered_and_validates(service: AgentService) -> None:
-    provider = providers.get_provider("http", Settings())
+    provider = providers.get_provider("http", Settings(provider_hosts=LOOPBACK))
     assert provider.name == "http"
     provider.validate(options_for(service))
     cases: list[tuple[dict[str, Any], str]] = [
@@ -185,7 +189,9 @@ def test_cancel_stops_the_turn_and_is_idempotent(
 
 
 def test_hanging_service_is_an_outage_within_the_bound(service: AgentService) -> None:
-    provider = HttpProvider(Settings(provider_timeout=1, heartbeat_timeout=60))
+    provider = HttpProvider(
+        Settings(provider_timeout=1, heartbeat_timeout=60, provider_hosts=LOOPBACK)
+    )
     options = options_for(service)
     run_id = provider.start(request(options))
     service.hang = 30
@@ -221,7 +227,7 @@ def test_secret_header_comes_from_env_and_never_shows(
     provider.validate(options)
     assert SECRET not in repr(options)
     with pytest.raises(ValidationError, match="not declared in ORCH_PROVIDER_SECRETS") as bare:
-        HttpProvider(Settings()).validate(options)
+        HttpProvider(Settings(provider_hosts=LOOPBACK)).validate(options)
     assert bare.value.field == "headers.Authorization.env"
 
     monkeypatch.delenv("AGENT_TOKEN", raising=False)

@@ -42,10 +42,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LangGraphServer
     running.stop()
 
 
+#: Loopback, granted explicitly (the default list is empty).
+LOOPBACK = "localhost,127.0.0.0/8,::1"
+
+
 @pytest.fixture(scope="module")
 def provider() -> LangGraphProvider:
     # The API key may go to the loopback dev server only.
-    settings = Settings(provider_timeout=5, provider_secrets={"TEAM_LANGGRAPH_KEY": ["127.0.0.1"]})
+    settings = Settings(
+        provider_timeout=5,
+        provider_hosts=LOOPBACK,
+        provider_secrets={"TEAM_LANGGRAPH_KEY": ["127.0.0.1"]},
+    )
     return LangGraphProvider(settings)
 
 
@@ -88,7 +96,7 @@ def settled(status: TurnStatus) -> bool:
 
 
 def test_registered_and_validates(server: LangGraphServer) -> None:
-    provider = providers.get_provider("langgraph", Settings())
+    provider = providers.get_provider("langgraph", Settings(provider_hosts=LOOPBACK))
     assert provider.name == "langgraph"
     provider.validate(options(server, "answer", input={"messages": []}, config={}))
     cases: list[tuple[dict[str, Any], str]] = [

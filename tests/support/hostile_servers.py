@@ -31,6 +31,13 @@ class SeenRequest:
     target: str
     headers: dict[str, str]
     body: bytes
+    #: The request line and header lines as received, up to the blank line.
+    head: bytes = b""
+
+    @property
+    def size(self) -> int:
+        """Bytes of the whole request on the wire."""
+        return len(self.head) + 4 + len(self.body)
 
 
 class Conversation:
@@ -197,7 +204,7 @@ def _read_request(sock: socket.socket) -> SeenRequest | None:
         if not part:
             break
         rest += part
-    return SeenRequest(method, target, headers, rest[:length])
+    return SeenRequest(method, target, headers, rest[:length], head)
 
 
 @dataclass

@@ -58,6 +58,8 @@ FAST: dict[str, Any] = {
     "park_budget_default": 40.0,
     "effect_attempts": 2,
     "effect_backoff": 0.01,
+    # Loopback is granted explicitly: the default list is empty.
+    "provider_hosts": "localhost,127.0.0.0/8,::1",
 }
 
 

@@ -15,19 +15,17 @@ from typing import Any
 
 import pytest
 
-from orchestration.egress import (
-    AllowList,
-    check_launch_url,
-    parse_entry,
-    resolve,
-)
+from orchestration.egress import AllowList, parse_entry, resolve
 from orchestration.errors import ConfigurationError, PermanentProviderError, ValidationError
+from orchestration.host_lookups import check_launch_url
 from orchestration.providers.http import HttpProvider
 from orchestration.providers.langgraph import LangGraphProvider
 from orchestration.providers.transport import Deadline, GuardedBackend
 from orchestration.settings import Settings, load_settings
 
-DEFAULT = AllowList.parse(Settings().provider_hosts)
+#: The list the demo and the tests grant: loopback.
+LOOPBACK_HOSTS = "localhost,127.0.0.0/8,::1"
+LOOPBACK = AllowList.parse(LOOPBACK_HOSTS)
 
 
 @pytest.fixture(autouse=True)
@@ -177,8 +175,36 @@ def test_good_settings_load(monkeypatch: pytest.MonkeyPatch) -> None:
         ("not a url", False),
     ],
 )
-def test_default_list_is_loopback_only(url: str, allowed: bool) -> None:
-    assert DEFAULT.permits_url(url) is allowed
+def test_the_loopback_list_allows_loopback_only(url: str, allowed: bool) -> None:
+    assert LOOPBACK.permits_url(url) is allowed
+
+
+def test_the_default_list_is_empty_and_refuses_every_provider_url_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loopback is not granted by default: the API, Flower and /metrics listen there."""
+    monkeypatch.delenv("ORCH_PROVIDER_HOSTS", raising=False)
+    settings = load_settings()
+    assert settings.provider_hosts == ""
+    asked: list[str] = []
+
+    def resolver(host: str) -> Sequence[str]:
+        asked.append(host)
+        return ["127.0.0.1"]
+
+    for base in ("http://127.0.0.1:8000", "http://localhost:5555", "https://agents.example.com"):
+        with pytest.raises(ValidationError) as caught:
+            HttpProvider(settings, resolver=resolver).validate(http_options(base))
+        assert caught.value.field == "start.url"
+        assert "ORCH_PROVIDER_HOSTS is empty" in caught.value.problem
+        with pytest.raises(ValidationError, match="ORCH_PROVIDER_HOSTS is empty"):
+            LangGraphProvider(settings, resolver=resolver).validate(
+                {"url": base, "assistant_id": "a"}
+            )
+    empty = GuardedBackend(AllowList.parse(settings.provider_hosts), Deadline(2), resolver)
+    with pytest.raises(PermanentProviderError, match="ORCH_PROVIDER_HOSTS is empty"):
+        empty.connect_tcp("localhost", 8000)
+    assert asked == ["localhost"], "the launch check looks nothing up"
 
 
 def test_sensitive_addresses_need_their_own_entry() -> None:
@@ -250,7 +276,7 @@ def test_connect_time_check_of_resolved_addresses() -> None:
 
 def test_backend_refuses_before_connecting(no_connections: list[Any]) -> None:
     backend = GuardedBackend(
-        DEFAULT, Deadline(2), mapped({"agent.test": ["127.0.0.1", "10.1.2.3"]})
+        LOOPBACK, Deadline(2), mapped({"agent.test": ["127.0.0.1", "10.1.2.3"]})
     )
     with pytest.raises(PermanentProviderError) as caught:
         backend.connect_tcp("agent.test", 8080)
@@ -295,25 +321,25 @@ def test_launch_check_resolves_only_names_that_are_not_listed(
         asked.append(host)
         return {"agent.test": ["127.0.0.1"], "evil.test": ["127.0.0.1", "10.1.2.3"]}[host]
 
-    check_launch_url(DEFAULT, "http://localhost:2024/", "url", resolver=counting)
-    check_launch_url(DEFAULT, "http://127.0.0.1/", "url", resolver=counting)
+    check_launch_url(LOOPBACK, "http://localhost:2024/", "url", resolver=counting)
+    check_launch_url(LOOPBACK, "http://127.0.0.1/", "url", resolver=counting)
     assert asked == []
-    check_launch_url(DEFAULT, "http://agent.test:8080/runs", "url", resolver=counting)
+    check_launch_url(LOOPBACK, "http://agent.test:8080/runs", "url", resolver=counting)
     assert asked == ["agent.test"]
     with pytest.raises(ValidationError) as caught:
-        check_launch_url(DEFAULT, "http://evil.test/", "start.url", resolver=counting)
+        check_launch_url(LOOPBACK, "http://evil.test/", "start.url", resolver=counting)
     assert caught.value.field == "start.url"
     assert "10.1.2.3" in caught.value.problem
     assert "add evil.test:80 to ORCH_PROVIDER_HOSTS" in caught.value.problem
 
     began = time.monotonic()
     with pytest.raises(ValidationError, match="took longer"):
-        check_launch_url(DEFAULT, "http://slow.test/", "url", resolver=stuck_resolver, timeout=0.3)
+        check_launch_url(LOOPBACK, "http://slow.test/", "url", resolver=stuck_resolver, timeout=0.3)
     assert time.monotonic() - began < 1.0
     with pytest.raises(ValidationError, match="placeholders"):
-        check_launch_url(DEFAULT, "http://{run_id}.localhost/", "url", resolver=counting)
+        check_launch_url(LOOPBACK, "http://{run_id}.localhost/", "url", resolver=counting)
     with pytest.raises(ValidationError, match=r"add \[fd00::1\]:443 to ORCH_PROVIDER_HOSTS"):
-        check_launch_url(DEFAULT, "https://[fd00::1]/", "url", resolver=counting)
+        check_launch_url(LOOPBACK, "https://[fd00::1]/", "url", resolver=counting)
 
 
 # --- providers refuse at launch -------------------------------------------------------------
@@ -341,7 +367,7 @@ def http_options(base: str) -> dict[str, Any]:
 )
 def test_providers_refuse_urls_outside_the_list(base: str) -> None:
     resolver = mapped({"public.test": ["93.184.216.34"]})
-    http = HttpProvider(Settings(), resolver=resolver)
+    http = HttpProvider(Settings(provider_hosts=LOOPBACK_HOSTS), resolver=resolver)
     with pytest.raises(ValidationError) as caught:
         http.validate(http_options(base))
     assert caught.value.field == "start.url"
@@ -351,7 +377,7 @@ def test_providers_refuse_urls_outside_the_list(base: str) -> None:
         http.validate(options)
     assert cancel.value.field == "cancel.url"
 
-    langgraph = LangGraphProvider(Settings(), resolver=resolver)
+    langgraph = LangGraphProvider(Settings(provider_hosts=LOOPBACK_HOSTS), resolver=resolver)
     with pytest.raises(ValidationError) as refused:
         langgraph.validate({"url": base, "assistant_id": "agent"})
     assert refused.value.field == "url"

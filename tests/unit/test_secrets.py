@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import html
 import json
 import socket
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from orchestration.errors import PermanentProviderError, ValidationError
+from orchestration.providers.base import TurnRequest
 from orchestration.providers.http import HttpProvider
 from orchestration.providers.langgraph import LangGraphProvider
 from orchestration.secrets import binding_problem, redact, redact_json, secret_value
 from orchestration.settings import Settings
+from tests.unit.support import PROPERTY
 
 TOKEN = "tok-3f9a/+ x"
 SETTINGS = Settings(
@@ -158,3 +164,156 @@ def test_langgraph_key_only_when_declared_for_its_url() -> None:
             )
         assert caught.value.field == "api_key_env"
         assert says in caught.value.problem
+
+
+# --- a secret bound to host:port goes only over https ----------------------------------------
+
+CLEAR = Settings(
+    provider_hosts="agents.example.com:443,plain.example.com:8080,localhost",
+    provider_secrets={
+        "AGENT_TOKEN": ["agents.example.com:443"],
+        "PLAIN_TOKEN": ["http://plain.example.com:8080", "https://agents.example.com:443"],
+        "LOCAL_TOKEN": ["localhost:2024", "127.0.0.1"],
+    },
+)
+
+
+def test_a_secret_goes_over_https_only_unless_its_entry_names_http_or_the_host_is_loopback() -> (
+    None
+):
+    assert binding_problem("AGENT_TOKEN", "https://agents.example.com/runs", CLEAR) is None
+    cleartext = binding_problem("AGENT_TOKEN", "http://agents.example.com:443/runs", CLEAR)
+    assert cleartext is not None
+    assert "over https only" in cleartext
+    assert 'declare "http://agents.example.com:443"' in cleartext
+    assert binding_problem("PLAIN_TOKEN", "http://plain.example.com:8080/runs", CLEAR) is None
+    assert binding_problem("PLAIN_TOKEN", "https://plain.example.com:8080/runs", CLEAR) is None
+    assert binding_problem("PLAIN_TOKEN", "https://agents.example.com/runs", CLEAR) is None
+    assert binding_problem("LOCAL_TOKEN", "http://localhost:2024/runs", CLEAR) is None
+    assert binding_problem("LOCAL_TOKEN", "http://127.0.0.1:9/runs", CLEAR) is None
+
+
+def test_a_secret_bound_to_port_443_is_not_sent_in_cleartext_at_launch_or_at_call_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The issue's case: bound to ``host:443``, named in an ``http://host:443/`` URL. Refused
+    at launch, and at call time before any lookup or connection (the autouse guard)."""
+    monkeypatch.setenv("AGENT_TOKEN", TOKEN)
+    auth = {"Authorization": {"secret": "AGENT_TOKEN", "prefix": "Bearer "}}
+    plain = options("http://agents.example.com:443", headers=auth)
+    provider = HttpProvider(CLEAR)
+    with pytest.raises(ValidationError) as caught:
+        provider.validate(plain)
+    assert caught.value.field == "headers.Authorization.secret"
+    assert "over https only" in caught.value.problem
+    request = TurnRequest("run-1:a:1", "run-1", "a", 1, "task", plain)
+    with pytest.raises(PermanentProviderError, match="over https only") as refused:
+        provider.start(request)
+    assert TOKEN not in str(refused.value)
+    provider.validate(options("https://agents.example.com", headers=auth))
+
+    langgraph = {"url": "http://agents.example.com:443", "assistant_id": "a"}
+    with pytest.raises(ValidationError, match="over https only"):
+        LangGraphProvider(CLEAR).validate({**langgraph, "api_key_env": "AGENT_TOKEN"})
+
+
+def test_an_entry_may_name_its_scheme_and_nothing_else() -> None:
+    with pytest.raises(ValueError, match="after http:// write only HOST or HOST:PORT"):
+        Settings(provider_secrets={"T": ["http://agents.example.com/path"]})
+    Settings(provider_secrets={"T": ["https://agents.example.com:443", "HTTP://a.example.com/"]})
+
+
+# --- redaction of the common encodings (best effort) -----------------------------------------
+
+SECRET = "sk-live/4f9a+b&c<d>e\"f'g h"
+
+
+@pytest.fixture
+def echoed(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("AGENT_TOKEN", SECRET)
+    return SETTINGS
+
+
+def test_a_secret_json_escaped_with_slashes_is_masked(echoed: Settings) -> None:
+    slashed = json.dumps({"you_sent": SECRET}).replace("/", "\\/")
+    assert "\\/" in slashed
+    masked = redact(slashed, echoed)
+    assert masked == '{"you_sent": "***"}', masked
+    escaped_unicode = json.dumps({"k": SECRET}, ensure_ascii=True).replace("&", "\\u0026")
+    assert redact(escaped_unicode, echoed) == '{"k": "***"}'
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        html.escape,
+        lambda text: "".join(f"&#{ord(c)};" if c in "&<>\"'/ +" else c for c in text),
+        lambda text: "".join(f"&#x{ord(c):X};" if c in "&<>\"'/ +" else c for c in text),
+        lambda text: "".join(f"&#x{ord(c):04x};" if c in "&<>\"'" else c for c in text),
+        lambda text: html.escape(text).replace("&#x27;", "&apos;").replace("&quot;", "&#34;"),
+    ],
+    ids=["named", "decimal", "hex", "hex-padded", "mixed"],
+)
+def test_a_secret_as_html_entities_is_masked(echoed: Settings, encode: Any) -> None:
+    page = f"<p>token: {encode(SECRET)}</p>"
+    assert SECRET not in page
+    assert redact(page, echoed) == "<p>token: ***</p>"
+
+
+B64_SECRET = "ghp_R3alS3cretT0ken-4242"
+
+
+@pytest.mark.parametrize("alphabet", ["standard", "urlsafe"])
+@pytest.mark.parametrize("before", [b"", b"a", b"ab", b"user:", b'{"k":"'])
+def test_a_secret_in_base64_is_masked_at_every_alignment(
+    monkeypatch: pytest.MonkeyPatch, alphabet: str, before: bytes
+) -> None:
+    monkeypatch.setenv("AGENT_TOKEN", B64_SECRET)
+    encode = base64.b64encode if alphabet == "standard" else base64.urlsafe_b64encode
+    text = encode(before + B64_SECRET.encode() + b'"} and more \xff\xfe').decode()
+    masked = redact(f"Authorization: Basic {text}", SETTINGS)
+    assert masked != f"Authorization: Basic {text}"
+    assert_no_secret_in_base64(masked.removeprefix("Authorization: Basic "))
+
+
+def assert_no_secret_in_base64(text: str) -> None:
+    """No piece of ``text`` around the masks decodes, at any alignment, to a third of the
+    secret or more."""
+    piece = len(B64_SECRET) // 3
+    for part in text.split("***"):
+        normal = part.replace("-", "+").replace("_", "/").rstrip("=")
+        for start in range(4):
+            chunk = normal[start:]
+            chunk = chunk[: len(chunk) - len(chunk) % 4]
+            decoded = base64.b64decode(chunk) if chunk else b""
+            for at in range(len(B64_SECRET) - piece + 1):
+                assert B64_SECRET[at : at + piece].encode() not in decoded, (part, decoded)
+
+
+@PROPERTY
+@given(
+    secret=st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=8, max_size=30),
+    before=st.binary(max_size=5),
+    after=st.binary(max_size=5),
+)
+def test_base64_redaction_holds_for_any_secret_and_neighbours(
+    secret: str, before: bytes, after: bytes
+) -> None:
+    settings = Settings(provider_secrets={"ANY_TOKEN": ["127.0.0.1"]})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANY_TOKEN", secret)
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            text = encode(before + secret.encode() + after).decode()
+            masked = redact(text, settings)
+            assert "***" in masked
+            for part in masked.split("***"):
+                normal = part.replace("-", "+").replace("_", "/").rstrip("=")
+                for start in range(4):
+                    chunk = normal[start:][: len(normal[start:]) - len(normal[start:]) % 4]
+                    assert secret.encode() not in base64.b64decode(chunk)
+
+
+def test_short_secrets_are_not_looked_for_in_base64(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_TOKEN", "abc")
+    ordinary = base64.b64encode(b"xabcx" * 4).decode()
+    assert redact(ordinary, SETTINGS) == ordinary

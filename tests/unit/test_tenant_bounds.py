@@ -124,7 +124,7 @@ def test_outputs_and_prompts_over_their_bound_fail_over_limit(
 def test_a_long_provider_error_is_cut_to_its_bound_saying_so(
     settings_factory: Callable[..., Settings], clock: Clock
 ) -> None:
-    settings = settings_factory(max_error_chars=300)
+    settings = settings_factory(max_error_chars=300, max_options_bytes=200_000)
     options = {"states": [["failed"]], "error": "E" * 100_000}
     run_id = launch(settings, workflow(step_spec(with_=options)), now=clock())
     assert drive(Stepper(settings, Executor(settings, None), clock=clock), run_id)[-1] == Halt(

@@ -49,6 +49,7 @@ _ERROR_SCHEMA = {
                 "code": {"type": "string"},
                 "message": {"type": "string"},
                 "field": {"type": ["string", "null"]},
+                "run_id": {"type": "string"},
             },
         }
     },
@@ -60,6 +61,7 @@ _ERROR_RESPONSES = {
     "409": "idempotency_conflict or conflict",
     "413": "body_too_large",
     "422": "limit_exceeded: over a configured limit",
+    "503": "database_not_ready, or broker_unavailable: the run (`run_id`) is saved, not sent",
 }
 
 

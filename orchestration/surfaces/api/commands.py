@@ -11,22 +11,23 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from orchestration.errors import OrchestrationError
+from orchestration.errors import OrchestrationError, ValidationError
 from orchestration.observability import logs
+from orchestration.surfaces.cli_common import console, err, failed
 
 tokens_app = typer.Typer(
-    help="API tokens (bearer tokens that act as an owner).", no_args_is_help=True
+    help="API tokens (bearer tokens that act as an owner).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
-_out = Console()
-_err = Console(stderr=True)
+_out = console()
 
 
 def _fail(exc: OrchestrationError) -> typer.Exit:
-    _err.print(f"[red]error:[/] {exc}", highlight=False)
-    return typer.Exit(2)
+    return failed(exc, False)
 
 
 def serve(
@@ -73,15 +74,21 @@ def create(
 
     url = get_settings().database_url
     try:
+        if owner is None and not operator:
+            raise ValidationError(
+                "owner", "give --owner NAME (the owner the token acts as) or --operator"
+            )
         tokens.check_ready(url)
         with session_scope(url) as session:
             token = tokens.create(session, owner, name, now=utcnow(), operator=operator)
     except OrchestrationError as exc:
         raise _fail(exc) from None
     sys.stdout.write(token + "\n")
-    holder = f"operator [bold]{name}[/]" if operator else f"owner [bold]{owner}[/]"
-    _err.print(
-        f"token for {holder} created; it is shown only now, store it safely", highlight=False
+    holder = ("operator ", ("" if name is None else name, "bold"))
+    if not operator:
+        holder = ("owner ", ("" if owner is None else owner, "bold"))
+    err.print(
+        Text.assemble("token for ", *holder, " created; it is shown only now, store it safely")
     )
 
 
@@ -89,7 +96,9 @@ def create(
 def list_tokens(
     owner: Annotated[str | None, typer.Option("--owner", help="Only this owner's.")] = None,
 ) -> None:
-    """List tokens by id (a hash prefix), owner, name and state; never the tokens."""
+    """List tokens by id, owner, name and state; never the tokens.
+
+    The id is a prefix of the token's hash."""
     from orchestration.db import session_scope
     from orchestration.settings import get_settings
     from orchestration.surfaces.api import tokens
@@ -105,8 +114,8 @@ def list_tokens(
     for row in rows:
         table.add_row(
             row.token_hash[:12],
-            "(operator)" if row.operator else row.owner,
-            row.name or "-",
+            Text("(operator)" if row.operator else row.owner),
+            Text(row.name or "-"),
             row.created_at.isoformat(timespec="seconds"),
             row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else "-",
         )
@@ -130,7 +139,7 @@ def revoke(
             ident, owner = row.token_hash[:12], row.owner
     except OrchestrationError as exc:
         raise _fail(exc) from None
-    _out.print(f"token {ident} of owner {owner} revoked", highlight=False)
+    _out.print(f"token {ident} of owner {owner} revoked")
 
 
 def register(app: typer.Typer) -> None:

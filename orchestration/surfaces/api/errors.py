@@ -8,6 +8,7 @@ branch on the code, never on the message.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from orchestration.errors import (
     ArtifactCorrupt,
     ArtifactNotFound,
+    BrokerUnavailable,
     ConfigurationError,
     ConflictError,
     DatabaseNotReady,
@@ -46,6 +48,7 @@ STATUS: tuple[tuple[type[OrchestrationError], int], ...] = (
     (ConflictError, 409),
     (IllegalTransition, 409),
     (DatabaseNotReady, 503),
+    (BrokerUnavailable, 503),
     (ConfigurationError, 500),
     (ProviderError, 502),
 )
@@ -92,10 +95,31 @@ def _field(loc: Sequence[int | str]) -> str:
     return text or "body"
 
 
+#: A key ``true`` or ``false`` that the schema refuses: what a YAML 1.1 parser makes of an
+#: unquoted ``on:``, ``off:``, ``yes:`` or ``no:`` key, once dumped as JSON.
+_YAML11_KEY = re.compile(r"(?:^|\.)(?:true|false)$")
+
+
+def message_of(exc: OrchestrationError) -> str:
+    """The error's message; for an unknown ``true`` key (``retry.on`` sent through YAML 1.1),
+    also what happened and how to write it."""
+    message = str(exc)
+    if isinstance(exc, ValidationError) and _YAML11_KEY.search(exc.field):
+        message += (
+            ": a YAML 1.1 parser (PyYAML's yaml.safe_load) reads an unquoted on: key as true; "
+            'quote it ("on": [failed]) or read the file with orchestration.workflows.load_file'
+        )
+    return message
+
+
 async def _domain(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OrchestrationError)
     field = exc.field if isinstance(exc, ValidationError) else None
-    return JSONResponse(error_body(exc.code, str(exc), field), status_code=status_for(exc))
+    body = error_body(exc.code, message_of(exc), field)
+    if isinstance(exc, BrokerUnavailable):
+        # The run is saved: the client keeps its id (the same Idempotency-Key returns it).
+        body["error"]["run_id"] = exc.run_id
+    return JSONResponse(body, status_code=status_for(exc))
 
 
 async def _api(_: Request, exc: Exception) -> JSONResponse:

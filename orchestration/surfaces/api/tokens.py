@@ -18,6 +18,7 @@ from orchestration.db import get_engine
 from orchestration.errors import DatabaseNotReady, ValidationError
 from orchestration.launching import check_name
 from orchestration.models import Base, UTCDateTime
+from orchestration.runtime import readiness
 
 #: Every token starts with this, so a secret scanner can recognise one.
 PREFIX = "orch_"
@@ -48,7 +49,9 @@ def hash_token(token: str) -> str:
 
 
 def check_ready(url: str) -> None:
-    """Raise :class:`DatabaseNotReady` when the ``api_tokens`` migration has not run."""
+    """Raise :class:`DatabaseNotReady` when the ``api_tokens`` migration has not run (or the
+    SQLite file is not there: it is not created)."""
+    readiness.require_database(url)
     if not inspect(get_engine(url)).has_table(ApiToken.__tablename__):
         raise DatabaseNotReady(
             "the database has no api_tokens table; run `orchestration db upgrade` first"
