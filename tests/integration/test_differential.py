@@ -27,9 +27,10 @@ import json
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -70,15 +71,15 @@ Ended = tuple[str, str | None, tuple[str, ...]]
 @dataclass(frozen=True)
 class Templates:
     """Migrated databases each leg copies: a SQLite file and, with ``ORCH_TEST_DATABASE_URL``,
-    a PostgreSQL database (copied with ``CREATE DATABASE … TEMPLATE``)."""
+    a PostgreSQL database (copied with ``CREATE DATABASE … TEMPLATE``), with the connection
+    that copies and drops them. A leg's database is dropped in ``drops`` while the next
+    leg plays: a drop waits for the server's disk, which the legs' writes hardly do."""
 
     sqlite: Path
-    postgresql: str | None
-
-
-def _admin() -> Engine:
-    assert DATABASE_URL is not None
-    return create_engine(normalize_url(DATABASE_URL), isolation_level="AUTOCOMMIT")
+    postgresql: str | None = None
+    admin: Engine | None = None
+    drops: ThreadPoolExecutor | None = None
+    dropping: list[Future[None]] = field(default_factory=list)
 
 
 def _postgresql_url(name: str) -> str:
@@ -99,17 +100,21 @@ def templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Templates]:
     get_engine(template.database_url).dispose()  # checkpoints the WAL: a plain copy is whole
     sqlite = Path(make_url(template.database_url).database or "")
     if not DATABASE_URL:
-        yield Templates(sqlite, None)
+        yield Templates(sqlite)
         return
     name = f"orch_differential_{uuid.uuid4().hex[:8]}"
-    admin = _admin()
+    admin = create_engine(normalize_url(DATABASE_URL), isolation_level="AUTOCOMMIT")
     _execute(admin, f'CREATE DATABASE "{name}"')
     try:
         settings = Settings(database_url=_postgresql_url(name), broker_url="memory://")
         upgrade(settings.database_url)
         ScriptedProvider(settings)  # its tables
         get_engine(settings.database_url).dispose()  # a template is copied only unconnected
-        yield Templates(sqlite, name)
+        with ThreadPoolExecutor(max_workers=1) as drops:
+            built = Templates(sqlite, name, admin, drops)
+            yield built
+        for dropped in built.dropping:
+            dropped.result()
     finally:
         _execute(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
@@ -127,9 +132,9 @@ def deployed(templates: Templates, leg: str, folder: Path) -> Iterator[Settings]
             for url in (settings.database_url, store_url(settings)):
                 get_engine(url).dispose()
         return
-    assert templates.postgresql is not None
+    admin, drops = templates.admin, templates.drops
+    assert templates.postgresql is not None and admin is not None and drops is not None
     name = f"orch_differential_{uuid.uuid4().hex[:8]}"
-    admin = _admin()
     _execute(admin, f'CREATE DATABASE "{name}" TEMPLATE "{templates.postgresql}"')
     settings = Settings(
         database_url=_postgresql_url(name),
@@ -141,8 +146,8 @@ def deployed(templates: Templates, leg: str, folder: Path) -> Iterator[Settings]
         yield settings
     finally:
         get_engine(settings.database_url).dispose()
-        _execute(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        drop = f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+        templates.dropping.append(drops.submit(_execute, admin, drop))
 
 
 # -- what is compared ----------------------------------------------------------------------
@@ -156,6 +161,8 @@ _NAMED_BY = {
 }
 #: Columns that are keys of a database's own (the row's name stands for them).
 _KEYS = {"id", "pk", "run_id"}
+#: Columns named like ids: a hash of the request, a rerun's source run id among it.
+_HASHED = {"fingerprint"}
 _HEX_ID = re.compile(r"\b[0-9a-f]{32}\b")
 
 
@@ -168,8 +175,8 @@ class Record:
     delivery or action, what it came to, the columns of runs, steps, effects and checkpoints
     that it changed, the journal rows it added (``run_events``) and the live runs' counts.
 
-    Values are written as the three legs can share them: a run id as the run's name
-    (``run``; a branch run as its parent's name, step and branch), any other id (a task's) by
+    Values are written as the three legs can share them: a run id as the run's name (its
+    request id; a branch run's is its parent's, step and branch), any other id (a task's) by
     the order it was first seen in, a provider's turn id by its key, a time as seconds since
     the launch, JSON with its keys sorted (PostgreSQL's ``jsonb`` keeps its own order)."""
 
@@ -228,7 +235,9 @@ class Record:
                 run = self._runs[row["id"] if kind == "run" else row["run_id"]]
                 name = " ".join([run, kind, *(str(row[key]) for key in _NAMED_BY[kind])])
                 for key, value in row.items():
-                    if key not in _KEYS:
+                    if key in _HASHED:
+                        state[f"{name}: {key}"] = self._named_id(str(value))
+                    elif key not in _KEYS:
                         state[f"{name}: {key}"] = self._value(value)
         state.update({f"live runs of {owner}": str(count) for owner, count in live})
         self.ended = {
@@ -247,11 +256,11 @@ class Record:
         def name(run_id: str) -> str:
             run = by_id[run_id]
             if run["parent_run_id"] is None:
-                return "run"
+                return str(run["request_id"])
             return f"{name(run['parent_run_id'])}/{run['parent_step']}.{run['branch']}"
 
         self._runs = {run_id: name(run_id) for run_id in by_id}
-        assert list(self._runs.values()).count("run") <= 1, self._runs
+        assert len(set(self._runs.values())) == len(self._runs), self._runs
 
     def _value(self, value: object) -> str:
         if isinstance(value, datetime):
@@ -259,13 +268,13 @@ class Record:
         return self._named(json.dumps(value, sort_keys=True, default=str))
 
     def _named(self, said: str) -> str:
-        def name(found: re.Match[str]) -> str:
-            key = found.group()
-            if key in self._runs:
-                return f"<{self._runs[key]}>"
-            return self._others.setdefault(key, f"<id {len(self._others)}>")
+        named = _HEX_ID.sub(lambda found: self._named_id(found.group()), said)
+        return re.sub(r"scripted-[0-9a-f]{20}", "scripted-<turn>", named)
 
-        return re.sub(r"scripted-[0-9a-f]{20}", "scripted-<turn>", _HEX_ID.sub(name, said))
+    def _named_id(self, key: str) -> str:
+        if key in self._runs:
+            return f"<{self._runs[key]}>"
+        return self._others.setdefault(key, f"<id {len(self._others)}>")
 
 
 #: A CTE's head: ``name AS (UPDATE …``.
@@ -325,6 +334,58 @@ def redelivered(world: World, run_id: str) -> None:
     polled_to_idle(world, run_id)
 
 
+def _branches_polled(world: World, run_id: str, branches: int) -> Callable[[], bool]:
+    """Whether the first ``branches`` branch runs to start have each been executed twice."""
+
+    def polled() -> bool:
+        counts = [n for (run, _), n in world.executions.items() if run != run_id]
+        return len(counts) >= branches and min(counts[:branches]) >= 2
+
+    return polled
+
+
+def fanned_out(world: World, run_id: str) -> None:
+    """Two branches run at once while the third waits for a slot; they finish, the third
+    runs, and the step joins."""
+    world.play(until=_branches_polled(world, run_id, 2))
+    age_turns(world.settings, LONG)
+    world.play(until=_branches_polled(world, run_id, 3))
+    age_turns(world.settings, LONG)
+    world.play()
+
+
+def rerun(world: World, run_id: str) -> None:
+    """The run fails; a rerun reuses what completed and runs the rest."""
+    world.play()
+    world.wait(5)
+    world.act("rerun", lambda: world.orch.rerun(run_id, owner=OWNER, request_id="rerun"))
+    world.play()
+
+
+def cancelled_fan_out(world: World, run_id: str) -> None:
+    """Two branches run and the third waits for a slot when the parent is cancelled."""
+    world.play(until=_branches_polled(world, run_id, 2))
+    world.act("cancel", lambda: world.orch.cancel(run_id, owner=OWNER))
+    world.play()
+
+
+def timed_out(world: World, run_id: str) -> None:
+    """The turn runs past the step's timeout; the step's next execution ends the run."""
+    world.play(until=_executed(world, run_id, 0, 2))
+    world.wait(10)
+    world.play()
+
+
+def lost(world: World, run_id: str) -> None:
+    """The worker dies with the step's message while its turn runs: the heartbeat goes
+    stale, the sweeper sends the step again, and the turn, still running, is polled on."""
+    world.play(until=_executed(world, run_id, 0, 2))
+    world.lose()
+    world.wait(15)
+    age_turns(world.settings, LONG)
+    world.play()
+
+
 def answered(world: World, run_id: str) -> None:
     world.play()
     world.wait(5)
@@ -366,7 +427,7 @@ class Case:
 
     name: str
     flow: dict[str, Any]
-    ends: dict[str, Ended]
+    ends: Mapping[str, Ended]
     script: Script = played_out
     args: dict[str, Any] | None = None
 
@@ -379,6 +440,25 @@ def _approval() -> dict[str, Any]:
     return _flow(
         {"id": "review", "approval": {"prompt": "Publish {{ args.title }}?", "expires_in": 60}},
         step_spec("publish", task="{{ steps.review.output.decision }}", with_=INSTANT),
+    )
+
+
+def _fan_out() -> dict[str, Any]:
+    """Three branches, two at a time, then a step that reads their outputs."""
+    return _flow(
+        {
+            "id": "research",
+            "for_each": "{{ args.topics }}",
+            "max_concurrency": 2,
+            "step": {
+                "provider": "scripted",
+                "task": "Research {{ item }} ({{ index }})",
+                "poll_interval": 0.1,
+                "max_poll_interval": 1.0,
+                "with": RUNNING,
+            },
+        },
+        step_spec("summary", task="{{ steps.research.output }}", with_=INSTANT),
     )
 
 
@@ -452,21 +532,8 @@ CASES = [
     ),
     Case(
         "a fan-out",
-        _flow(
-            {
-                "id": "research",
-                "for_each": "{{ args.topics }}",
-                "max_concurrency": 2,
-                "step": {
-                    "provider": "scripted",
-                    "task": "Research {{ item }} ({{ index }})",
-                    "poll_interval": 0.1,
-                    "max_poll_interval": 1.0,
-                    "with": INSTANT,
-                },
-            },
-            step_spec("summary", task="{{ steps.research.output }}", with_=INSTANT),
-        ),
+        _fan_out(),
+        script=fanned_out,
         ends={
             "run": ("completed", "completed", ("completed", "completed")),
             **{
@@ -475,6 +542,52 @@ CASES = [
             },
         },
         args={"topics": ["ants", "bees", "cats"]},
+    ),
+    Case(
+        "a cancel of a fan-out",
+        _fan_out(),
+        ends={
+            "run": ("cancelled", "cancel_requested", ("cancelled", "cancelled")),
+            **{
+                f"run/0.{branch}": ("cancelled", "parent_ended", ("cancelled",))
+                for branch in (0, 1, 2)
+            },
+        },
+        script=cancelled_fan_out,
+        args={"topics": ["ants", "bees", "cats"]},
+    ),
+    Case(
+        "a rerun that reuses a branch",
+        _flow(
+            {
+                "id": "drafts",
+                "parallel": {
+                    "join": "all_settled",
+                    "steps": [
+                        step_spec("short", with_=INSTANT),
+                        step_spec("bad", with_={"states": [["failed"]]}),
+                    ],
+                },
+            }
+        ),
+        ends={
+            name: ("failed", "step_failed", ("failed",))
+            for name in ("run", "run/0.1", "rerun", "rerun/0.1")
+        }
+        | {name: ("completed", "completed", ("completed",)) for name in ("run/0.0", "rerun/0.0")},
+        script=rerun,
+    ),
+    Case(
+        "a step timeout",
+        _flow(step_spec("slow", with_=RUNNING, timeout=5)),
+        ends={"run": ("timed_out", "step_timeout", ("timed_out",))},
+        script=timed_out,
+    ),
+    Case(
+        "a message lost with its worker",
+        _flow(step_spec("work", with_=RUNNING), step_spec("after", with_=INSTANT)),
+        ends={"run": ("completed", "completed", ("completed", "completed"))},
+        script=lost,
     ),
     Case(
         "a cancel mid-turn",
@@ -524,7 +637,7 @@ def play(
     with sent(settings) as seen:
         run_id = world.act(
             "launch",
-            lambda: world.orch.launch(case.flow, case.args, owner=OWNER, request_id="one").id,
+            lambda: world.orch.launch(case.flow, case.args, owner=OWNER, request_id="run").id,
         )
         case.script(world, run_id)
     return record.deliveries, record.ended, seen

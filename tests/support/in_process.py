@@ -124,6 +124,15 @@ class World:
             self._collect()
         self.clock.now = end
 
+    def lose(self) -> None:
+        """Every step task now queued or waiting for its countdown is lost, as with a
+        worker that died holding them (the sweeper's re-arm sends them again)."""
+        self._collect()
+        kept = [due for due in self._due if not isinstance(due[2], _Link)]
+        heapq.heapify(kept)
+        self._due = kept
+        self.observe(self.clock.now, "lost", "every step task")
+
     def _deliver(self) -> None:
         at, _, task = heapq.heappop(self._due)
         self.clock.now = max(self.clock.now, at)
