@@ -57,6 +57,8 @@ NO_POSTGRESQL = (
     "the PostgreSQL legs need ORCH_TEST_DATABASE_URL: only the SQLite leg ran "
     "(with CI=true the suite refuses to start without it)"
 )
+#: The deliveries a difference shows at most.
+SHOWN = 12
 #: Seconds a scripted state lasts unless the test ages the turn.
 LONG = 30.0
 INSTANT = {"states": [["completed"]]}
@@ -623,8 +625,12 @@ def differences(reference: list[list[str]], other: list[list[str]], leg: str) ->
             shown.append(f"  delivery {n}, {(mine or theirs)[0]}\n" + "\n".join(changed))
     if not shown:
         return []
-    heading = f"{leg} differs from {SQLITE} ('-' {SQLITE}, '+' {leg}) in {len(shown)} of "
-    return [heading + f"{len(reference)} deliveries:\n" + "\n".join(shown)]
+    heading = (
+        f"{leg} differs from {SQLITE} ('-' {SQLITE}, '+' {leg}) in {len(shown)} of the "
+        f"deliveries and actions ({len(reference)} on {SQLITE}, {len(other)} on {leg}):"
+    )
+    more = [f"  … and {len(shown) - SHOWN} more"] if len(shown) > SHOWN else []
+    return [heading + "\n" + "\n".join(shown[:SHOWN] + more)]
 
 
 def play(
