@@ -316,6 +316,7 @@ Script = Callable[[World, str], None]
 
 
 def played_out(world: World, run_id: str) -> None:
+    """Every task delivered until the runs end (or wait for a person)."""
     world.play()
 
 
@@ -389,6 +390,7 @@ def lost(world: World, run_id: str) -> None:
 
 
 def answered(world: World, run_id: str) -> None:
+    """The turn asks for input; five seconds later a person answers."""
     world.play()
     world.wait(5)
     world.act("answer", lambda: world.orch.answer(run_id, "ask", {"pick": 2}, owner=OWNER))
@@ -396,6 +398,8 @@ def answered(world: World, run_id: str) -> None:
 
 
 def decided(approve: bool) -> Script:
+    """The approval waits; five seconds later a person approves it, or rejects it."""
+
     def decide(world: World, run_id: str) -> None:
         world.play()
         world.wait(5)
