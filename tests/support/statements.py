@@ -49,7 +49,8 @@ def sent(settings: Settings) -> Iterator[Sent]:
     def statement(conn: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
         if "pg_catalog" in sql or any(table.name in sql for table in (TURNS, START_CALLS)):
             return
-        autocommit = bool(conn.connection.dbapi_connection.autocommit)
+        # SQLite's driver (before Python 3.12) has no ``autocommit``: nothing there runs so.
+        autocommit = bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
         word = sql.split(None, 1)[0].upper()
         seen.statements.append((word, autocommit))
         seen.texts.append((sql, len(params)))
