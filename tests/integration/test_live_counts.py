@@ -99,7 +99,8 @@ def test_the_triggers_count_the_live_statuses_of_the_state_machine(stack: Stack)
                 )
             ).all()
         )
-    assert set(triggers) == {
+    counting = {name: sql for name, sql in triggers.items() if "journal" not in name}
+    assert set(counting) == {
         "runs_live_inserted",
         "runs_live_ended",
         "runs_live_deleted",
