@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestration.core.settings import Settings
 from orchestration.runtime.celery_config import (
     PRUNE_INTERVAL,
     PRUNE_TASK,
     SCHEDULES_TASK,
     SWEEP_TASK,
 )
-from orchestration.settings import Settings
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:

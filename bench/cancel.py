@@ -25,8 +25,8 @@ from sqlalchemy import select
 
 from bench import engine, stats
 from bench.stack import Stack
-from orchestration.db import session_scope
-from orchestration.models import Step
+from orchestration.core.db import session_scope
+from orchestration.core.models import Step
 
 
 def _step_row(stack: Stack, run_id: str) -> tuple[int, int | None, str | None]:

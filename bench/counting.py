@@ -9,9 +9,9 @@ tables (``scripted_*``) is the provider's, counted apart: a real provider answer
 Round trips = statements + the ``BEGIN`` and ``COMMIT`` the driver sent (none around an
 autocommit read) + pings, provider's included (they are on the same connection pool). A ping is
 the ``SELECT 1`` on checkout: on every checkout for an engine built with ``pool_pre_ping`` (the
-baseline), on a connection idle for ``orchestration.db.PING_IDLE_SECONDS`` or more otherwise.
+baseline), on a connection idle for ``orchestration.core.db.PING_IDLE_SECONDS`` or more otherwise.
 
-Only SQLAlchemy and ``orchestration.db.get_engine`` are used, so the same counter runs against
+Only SQLAlchemy and ``orchestration.core.db.get_engine`` are used, so the same counter runs against
 an older engine (the baseline in ``bench/baseline/``).
 """
 
@@ -26,10 +26,10 @@ from typing import Any
 from sqlalchemy import event
 
 from bench import stats
-from orchestration.db import get_engine
+from orchestration.core.db import get_engine
 
 try:
-    from orchestration.db import PING_IDLE_SECONDS as _PING_IDLE
+    from orchestration.core.db import PING_IDLE_SECONDS as _PING_IDLE
 except ImportError:  # an engine from before the idle-only ping (the baseline) pings always
     _PING_IDLE = 0.0
 

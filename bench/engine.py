@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from orchestration.db import session_scope
-from orchestration.models import Run
-from orchestration.settings import Settings
-from orchestration.states import RUN_TERMINAL
+from orchestration.core.db import session_scope
+from orchestration.core.models import Run
+from orchestration.core.settings import Settings
+from orchestration.core.states import RUN_TERMINAL
 
 _TERMINAL = [status.value for status in RUN_TERMINAL]
 

@@ -22,7 +22,7 @@ from typing import Any
 from bench import overhead, stats
 from bench.__main__ import DEFAULT_POSTGRES, DEFAULT_REDIS
 from bench.stack import claim_redis, make_stack, release_redis, remove_tree
-from orchestration.models import Run
+from orchestration.core.models import Run
 
 
 def main() -> None:

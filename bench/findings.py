@@ -27,7 +27,7 @@ def steps_loading(report: dict[str, Any]) -> str:
     recorded = get(report, "meta", "run_steps_loading")
     if recorded:
         return str(recorded)
-    from orchestration.models import Run
+    from orchestration.core.models import Run
 
     return str(Run.__mapper__.relationships["steps"].lazy)
 

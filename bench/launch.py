@@ -33,8 +33,8 @@ from sqlalchemy import delete, func, select, text
 from bench import engine, stats
 from bench.names import NOOP
 from bench.stack import Stack
-from orchestration.db import session_scope, utcnow
-from orchestration.models import Run
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.models import Run
 
 FLOW = engine.workflow("launch", 3, states=[["completed"]], poll_interval=1.0)
 #: Live runs of the launching owner beside the second round of new launches.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from sqlalchemy.orm import configure_mappers
 
 from bench.bare_app import app
-from orchestration.models import Run
+from orchestration.core.models import Run
 
 __all__ = ["app"]
 

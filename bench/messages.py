@@ -49,7 +49,7 @@ def _listening() -> Iterator[list[trace.Published]]:
 
 def segments(stack: Stack, lengths: list[int]) -> dict[str, Any]:
     """JSON bytes of each chain segment the engine sends for runs of each length."""
-    from orchestration import chains
+    from orchestration.runs import chains
     from orchestration.runtime.celery_queue import CeleryQueue, client_queue
 
     void = f"bench-void-{uuid.uuid4().hex[:8]}"

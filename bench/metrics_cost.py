@@ -28,9 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, make_url
 
-from orchestration.db import dispose_engines, get_engine, normalize_url, upgrade
+from orchestration.core.db import dispose_engines, get_engine, normalize_url, upgrade
+from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api.app import create_app
 
 DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/test"

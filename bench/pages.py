@@ -22,10 +22,10 @@ from fastapi.testclient import TestClient
 from bench import stats
 from bench.scratch import scratch_database
 from bench.upkeep_rows import OWNERS, seed
-from orchestration.db import session_scope, utcnow
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.settings import Settings
 from orchestration.runtime import broker_probe
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
 

@@ -33,14 +33,15 @@ from typing import Any
 from bench import counting, engine, stats
 from bench.counting import Counts
 from bench.stack import Stack
-from orchestration import claims, launching
-from orchestration.chains import SEGMENT_LINKS
-from orchestration.db import utcnow
+from orchestration.core.db import utcnow
+from orchestration.core.models import Run
+from orchestration.core.settings import Settings
 from orchestration.execution import Poll, Proceed, Stepper
-from orchestration.models import Run
+from orchestration.runs import concurrency as claims
+from orchestration.runs import launching
+from orchestration.runs.chains import SEGMENT_LINKS
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 
 
 def _launch(settings: Settings, flow: dict[str, Any]) -> str:

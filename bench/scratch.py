@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from orchestration.db import dispose_engines, normalize_url, upgrade
+from orchestration.core.db import dispose_engines, normalize_url, upgrade
 
 
 def fresh_database(admin_url: str | None, folder: Path, name: str) -> tuple[str, Any]:

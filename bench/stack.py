@@ -22,11 +22,11 @@ from celery import Celery
 
 from bench.names import MARK
 from bench.scratch import fresh_database
-from orchestration.db import dispose_engines, upgrade
+from orchestration.core.db import dispose_engines, upgrade
+from orchestration.core.settings import Settings
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Marks the benchmark's Redis db as ours, so a later run may flush it.

@@ -17,7 +17,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from bench import sweep_cost
-from orchestration.sweeper import Sweeper
+from orchestration.upkeep.sweeper import Sweeper
 
 
 @contextmanager

@@ -21,11 +21,11 @@ from typing import Any
 from sqlalchemy import create_engine, event, insert, text
 from sqlalchemy.engine import make_url
 
-from orchestration.db import get_engine, normalize_url, upgrade, utcnow
-from orchestration.models import Run, Step
+from orchestration.core.db import get_engine, normalize_url, upgrade, utcnow
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
 from orchestration.runtime.executor import Executor
-from orchestration.settings import Settings
-from orchestration.sweeper import Sweeper
+from orchestration.upkeep.sweeper import Sweeper
 
 WORKFLOW = {
     "name": "bench",

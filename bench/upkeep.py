@@ -33,15 +33,16 @@ from sqlalchemy.engine import make_url
 from bench import fmt, stats
 from bench.scratch import scratch_database
 from bench.upkeep_rows import OWNERS, check, footprint, run_rows, seed, vacuum
-from orchestration import artifacts, retention
-from orchestration.db import session_scope, utcnow
-from orchestration.models import Run, Step
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.runs import artifacts
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api import metrics, tokens
 from orchestration.surfaces.api.app import create_app
-from orchestration.sweeper import Sweeper
+from orchestration.upkeep import retention
+from orchestration.upkeep.sweeper import Sweeper
 
 #: Outputs over this become artifacts in the read runs (the seeded ones are 4 KB).
 INLINE_BYTES = 2048

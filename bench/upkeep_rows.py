@@ -17,10 +17,11 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts, status_triggers
-from orchestration.db import get_engine, session_scope
-from orchestration.models import Artifact, Checkpoint, Effect, Run, RunEvent, Step
-from orchestration.settings import Settings
+from orchestration.core import status_triggers
+from orchestration.core.db import get_engine, session_scope
+from orchestration.core.models import Artifact, Checkpoint, Effect, Run, RunEvent, Step
+from orchestration.core.settings import Settings
+from orchestration.runs import artifacts
 
 OWNERS = ("acme", "globex", "initech", "umbrella")
 TABLES = (Run, Step, RunEvent, Effect, Checkpoint, Artifact)

@@ -61,7 +61,7 @@ from chaos.driver import Records
 from chaos.faults import Fault
 from chaos.fencing import WRITE_JOURNAL, cuts_of, read_writes, writes_after_takeover
 from chaos.population import RunPlan
-from orchestration.states import RUN_TERMINAL, STEP_TERMINAL
+from orchestration.core.states import RUN_TERMINAL, STEP_TERMINAL
 
 #: Slack between the provider's clock and the database's when a start call is compared with a
 #: write (seconds). Both read the same machine's clock, so only its resolution is allowed.

@@ -23,12 +23,12 @@ from sqlalchemy.exc import DBAPIError
 
 from chaos.duplicating import DuplicatingQueue
 from chaos.population import RunPlan
-from orchestration.chains import plan_chain
-from orchestration.errors import ConflictError, OrchestrationError
+from orchestration.core.errors import ConflictError, OrchestrationError
+from orchestration.core.settings import Settings
 from orchestration.providers.scripted import ScriptedProvider
+from orchestration.runs.chains import plan_chain
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.service import Orchestrator, is_terminal
-from orchestration.settings import Settings
 
 T = TypeVar("T")
 

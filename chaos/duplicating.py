@@ -8,7 +8,7 @@ Kept out of the shipped package: nothing in production sends twice.
 
 from __future__ import annotations
 
-from orchestration.followups import ChainPlan
+from orchestration.core.followups import ChainPlan
 from orchestration.runtime.executor import TaskQueue
 
 

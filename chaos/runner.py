@@ -41,7 +41,7 @@ from chaos.population import plan_population
 from chaos.profiles import CHAOS_SETTINGS, Profile
 from chaos.report import failures
 from chaos.services import ChaosDatabase, PrivateRedis, RabbitVhost
-from orchestration.settings import Settings
+from orchestration.core.settings import Settings
 
 _LIVE = ["queued", "running", "waiting", "parked", "cancelling"]
 

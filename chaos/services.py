@@ -34,7 +34,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from orchestration.db import dispose_engines, normalize_url, upgrade
+from orchestration.core.db import dispose_engines, normalize_url, upgrade
 
 
 def free_port() -> int:

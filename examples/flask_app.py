@@ -31,7 +31,7 @@ from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
 
-from orchestration.errors import (
+from orchestration.core.errors import (
     BrokerUnavailable,
     ConflictError,
     DatabaseNotReady,

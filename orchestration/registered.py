@@ -8,9 +8,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from orchestration import definitions, schedules
-from orchestration.followups import Done, Transact
-from orchestration.settings import Settings
+from orchestration.core.followups import Done, Transact
+from orchestration.core.settings import Settings
+from orchestration.upkeep import schedules
+from orchestration.workflows import registry as definitions
 
 
 class RegisteredWorkflows:

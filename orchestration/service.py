@@ -20,35 +20,25 @@ from typing import Any, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import (
-    answers,
-    artifacts,
-    cancellation,
-    claims,
-    launching,
-    reruns,
-    run_reads,
-    summaries,
-)
-from orchestration import health as judgement
-from orchestration.db import check_ready, utcnow
-from orchestration.errors import BrokerUnavailable, LimitExceeded, RunNotFound, ValidationError
+from orchestration.core import health as judgement
+from orchestration.core.db import check_ready, utcnow
+from orchestration.core.errors import BrokerUnavailable, LimitExceeded, RunNotFound, ValidationError
+from orchestration.core.followups import Done
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings, get_settings
+from orchestration.core.states import RUN_TERMINAL, RunStatus, StopReason
 from orchestration.execution import approving
-from orchestration.followups import Done
-from orchestration.models import Run, Step
 from orchestration.observability import context, tracing
-from orchestration.records import RunRecord, to_record
+from orchestration.reads import owned as run_reads
+from orchestration.reads import summaries
+from orchestration.reads.records import RunRecord, to_record
+from orchestration.reads.summaries import RunSummary
 from orchestration.registered import RegisteredWorkflows
+from orchestration.runs import answers, artifacts, cancellation, launching, reruns
+from orchestration.runs import concurrency as claims
 from orchestration.runtime import readiness
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.executor import Executor, TaskQueue, Unsent
-from orchestration.settings import Settings, get_settings
-from orchestration.states import (
-    RUN_TERMINAL,
-    RunStatus,
-    StopReason,
-)
-from orchestration.summaries import RunSummary
 
 #: Most runs one ``list`` call returns.
 MAX_PAGE = 500
@@ -148,7 +138,7 @@ class Orchestrator(RegisteredWorkflows):
         """Why the run is where it is, what moves it next and its ``deadline_at``; a next move
         that waits for a sweeper that has not passed, or for a worker when none consuming the
         run queue answers, says so."""
-        from orchestration.explain import Around, explain
+        from orchestration.reads.explain import Around, explain
         from orchestration.runtime import broker_probe, liveness
 
         now = self.clock()
@@ -174,7 +164,7 @@ class Orchestrator(RegisteredWorkflows):
     def output(self, run_id: str, step_id: str, *, owner: str) -> artifacts.Output:
         """A step's output, inline or as its verified artifact (see :meth:`artifact_bytes`).
         Raises :class:`RunNotFound`, :class:`ValidationError` for an unknown step, and
-        :class:`~orchestration.errors.ArtifactCorrupt` when the stored bytes changed."""
+        :class:`~orchestration.core.errors.ArtifactCorrupt` when the stored bytes changed."""
 
         def read(session: Session) -> Done[artifacts.Output]:
             run = run_reads.owned(session, run_id, owner)

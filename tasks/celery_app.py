@@ -10,15 +10,15 @@ from celery import Celery
 from celery.signals import beat_init, worker_init, worker_process_init
 
 from beat_schedule import beat_schedule
-from orchestration.db import dispose_engines
-from orchestration.errors import ConfigurationError
+from orchestration.core.db import dispose_engines
+from orchestration.core.errors import ConfigurationError
+from orchestration.core.settings import get_settings
 from orchestration.observability import tracing
 from orchestration.runtime import celery_observing
 from orchestration.runtime.celery_config import configure
 from orchestration.runtime.celery_queue import CeleryQueue
 from orchestration.runtime.executor import Executor
 from orchestration.runtime.readiness import refuse_unfit
-from orchestration.settings import get_settings
 
 try:
     settings = get_settings()

@@ -7,7 +7,7 @@ process is held forever. A task ended by its limit leaves its run to the sweeper
 
 from __future__ import annotations
 
-from orchestration.settings import MARGIN_SECONDS, Settings
+from orchestration.core.settings import MARGIN_SECONDS, Settings
 
 #: The longest a database write may wait on a lock (SQLite's busy timeout, 30 s, is the
 #: largest of the engine's own waits).

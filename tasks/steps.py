@@ -18,7 +18,7 @@ from celery.utils.log import get_task_logger
 from kombu.exceptions import OperationalError
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
-from orchestration.db import utcnow
+from orchestration.core.db import utcnow
 from orchestration.execution import Halt, Poll, Stepper
 from orchestration.runtime.celery_config import STEP_TASK
 from orchestration.runtime.poll_lateness import MinuteRecorder, lateness

@@ -6,15 +6,15 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from orchestration import retention, schedules
-from orchestration.db import utcnow
+from orchestration.core.db import utcnow
 from orchestration.runtime.celery_config import (
     PRUNE_INTERVAL,
     PRUNE_TASK,
     SCHEDULES_TASK,
     SWEEP_TASK,
 )
-from orchestration.sweeper import Sweeper
+from orchestration.upkeep import retention, schedules
+from orchestration.upkeep.sweeper import Sweeper
 from tasks.celery_app import app, executor, settings
 from tasks.limits import sweep_limits
 

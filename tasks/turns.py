@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from celery import Task
 
-from orchestration import turns
-from orchestration.db import utcnow
+from orchestration.core.db import utcnow
+from orchestration.runs import turns
 from orchestration.runtime.celery_config import STOP_TASK
 from tasks.celery_app import app, executor, settings
 from tasks.limits import call_limits

@@ -29,9 +29,10 @@ from orchestration.stepper import Poll, Proceed, Stepper  # type: ignore[import-
 from bench import counting, engine, messages
 from bench.counting import Counts
 from bench.stack import claim_redis, make_stack, release_redis, remove_tree
-from orchestration import claims, launching
-from orchestration.db import utcnow
-from orchestration.settings import Settings
+from orchestration.core.db import utcnow
+from orchestration.core.settings import Settings
+from orchestration.runs import concurrency as claims
+from orchestration.runs import launching
 
 
 def _launch(settings: Settings, flow: dict[str, Any]) -> str:

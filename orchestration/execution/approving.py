@@ -15,16 +15,18 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts, closing, effects, health, specs
-from orchestration.errors import ConflictError, ValidationError
+from orchestration.core import health
+from orchestration.core.errors import ConflictError, ValidationError
+from orchestration.core.followups import Done, Followups
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import ParkReason, RunStatus, StepStatus, StopReason
 from orchestration.execution import finishing, parking
 from orchestration.execution.outcomes import Halt, Outcome
-from orchestration.followups import Done, Followups
-from orchestration.models import Run, Step
-from orchestration.settings import Settings
-from orchestration.states import ParkReason, RunStatus, StepStatus, StopReason
-from orchestration.step_specs import OnExpiry, StepSpec
-from orchestration.transitions import lock_run, touch_step, transition_step
+from orchestration.runs import artifacts, closing, effects
+from orchestration.runs.transitions import lock_run, touch_step, transition_step
+from orchestration.workflows import decoded as specs
+from orchestration.workflows.steps import OnExpiry, StepSpec
 
 _SETTLED = effects.Progress(settled=True, exhausted=[], next_due=None)
 #: The longest comment a decision keeps (the CLI, the API and the dashboard take it).

@@ -19,14 +19,19 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts, chains, deadlines, specs, step_specs, templating, workflows
-from orchestration.errors import ValidationError
-from orchestration.followups import ChainPlan
-from orchestration.models import Run, Step
-from orchestration.new_runs import new_step
-from orchestration.settings import Settings
-from orchestration.states import ClaimState, RunStatus, StepStatus, StopReason
-from orchestration.step_specs import StepSpec
+from orchestration.core import deadlines
+from orchestration.core.errors import ValidationError
+from orchestration.core.followups import ChainPlan
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import ClaimState, RunStatus, StepStatus, StopReason
+from orchestration.runs import artifacts, chains
+from orchestration.runs.new_rows import new_step
+from orchestration.workflows import decoded as specs
+from orchestration.workflows import parsing as workflows
+from orchestration.workflows import steps as step_specs
+from orchestration.workflows import templates as templating
+from orchestration.workflows.steps import StepSpec
 
 #: A ``parallel`` branch has no item.
 NO_ITEM = object()

@@ -32,25 +32,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from orchestration import (
-    artifacts,
-    bounds,
-    chains,
-    closing,
-    effects,
-    specs,
-    templating,
-    workflows,
-)
-from orchestration.errors import LimitExceeded, ValidationError
-from orchestration.execution import branch_runs, finishing, parking
-from orchestration.execution.entry import Entry
-from orchestration.execution.outcomes import Halt, Outcome
-from orchestration.execution.rows import fail
-from orchestration.followups import Done, Followups
-from orchestration.models import Run, Step
-from orchestration.settings import Settings
-from orchestration.states import (
+from orchestration.core.errors import LimitExceeded, ValidationError
+from orchestration.core.followups import Done, Followups
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import (
     RUN_TERMINAL,
     ClaimState,
     Join,
@@ -59,8 +45,17 @@ from orchestration.states import (
     StepStatus,
     StopReason,
 )
-from orchestration.step_specs import StepSpec
-from orchestration.transitions import lock_run, touch_run, transition_run, transition_step
+from orchestration.execution import branch_runs, finishing, parking
+from orchestration.execution.entry import Entry
+from orchestration.execution.outcomes import Halt, Outcome
+from orchestration.execution.rows import fail
+from orchestration.limits import bounds
+from orchestration.runs import artifacts, chains, closing, effects
+from orchestration.runs.transitions import lock_run, touch_run, transition_run, transition_step
+from orchestration.workflows import decoded as specs
+from orchestration.workflows import parsing as workflows
+from orchestration.workflows import templates as templating
+from orchestration.workflows.steps import StepSpec
 
 _SETTLED = effects.Progress(settled=True, exhausted=[], next_due=None)
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from orchestration import bounds, effects, providers
-from orchestration.errors import PermanentProviderError, RetryableProviderError
+from orchestration import providers
+from orchestration.core.errors import PermanentProviderError, RetryableProviderError
+from orchestration.core.settings import Settings
+from orchestration.limits import bounds
 from orchestration.observability import tracing
 from orchestration.providers.base import FINISHED, ProviderStatus, TurnRef, TurnStatus
-from orchestration.settings import Settings
+from orchestration.runs import effects
 
 
 def status(

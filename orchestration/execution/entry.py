@@ -16,14 +16,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import deadlines, pieces, specs
+from orchestration.core import deadlines, pieces
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import RUN_TERMINAL, STEP_LIVE, RunStatus, StepStatus
 from orchestration.execution import fence
 from orchestration.execution.fence import Phase, Refusal
 from orchestration.execution.outcomes import Halt
-from orchestration.models import Run, Step
-from orchestration.settings import Settings
-from orchestration.states import RUN_TERMINAL, STEP_LIVE, RunStatus, StepStatus
-from orchestration.step_specs import StepSpec
+from orchestration.workflows import decoded as specs
+from orchestration.workflows.steps import StepSpec
 
 __all__ = ["Entry", "Phase", "StepRow", "enter", "stamp"]
 

@@ -10,7 +10,7 @@
 * **The stamp**: the heartbeat and the deadline of a running run with no cancel requested,
   written only when the fence took; it returns the execution's phase (:func:`phase`).
 
-:mod:`orchestration.pieces` sends them, as one statement or in sequence. Every parameter is
+:mod:`orchestration.core.pieces` sends them, as one statement or in sequence. Every parameter is
 named ``b_…``: a parameter named after a column of an updated table would be taken as a
 value to set.
 """
@@ -41,18 +41,19 @@ from sqlalchemy import (
 )
 from sqlalchemy import String as SqlString
 
-from orchestration import deadlines, turns
-from orchestration.db import constant_in
-from orchestration.models import Run, Step
-from orchestration.pieces import Piece
-from orchestration.settings import Settings
-from orchestration.states import (
+from orchestration.core import deadlines
+from orchestration.core.db import constant_in
+from orchestration.core.models import Run, Step
+from orchestration.core.pieces import Piece
+from orchestration.core.settings import Settings
+from orchestration.core.states import (
     STEP_LIVE,
     UNATTENDED_PARKS,
     RunStatus,
     StepStatus,
     TurnStopStatus,
 )
+from orchestration.runs import turns
 
 STEPS: Table = Step.__table__  # type: ignore[assignment]
 RUNS: Table = Run.__table__  # type: ignore[assignment]

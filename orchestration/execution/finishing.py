@@ -14,15 +14,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts, chains, closing, deadlines, effects
+from orchestration.core import deadlines
+from orchestration.core.followups import Done, Followups
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import RunStatus, StepStatus, StopReason
 from orchestration.execution.outcomes import Halt, Outcome, Poll, Proceed
 from orchestration.execution.parking import unpark
 from orchestration.execution.rows import fail
-from orchestration.followups import Done, Followups
-from orchestration.models import Run, Step
-from orchestration.settings import Settings
-from orchestration.states import RunStatus, StepStatus, StopReason
-from orchestration.transitions import touch_run, touch_step, transition_run, transition_step
+from orchestration.runs import artifacts, chains, closing, effects
+from orchestration.runs.transitions import touch_run, touch_step, transition_run, transition_step
 
 
 @dataclass(frozen=True)

@@ -7,19 +7,20 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, deadlines
+from orchestration.core import deadlines
+from orchestration.core.followups import Done
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import ParkReason, RetryOn, RunStatus, StepStatus
 from orchestration.execution import finishing, parking, retrying
 from orchestration.execution.entry import Entry
 from orchestration.execution.finishing import EffectsDue
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.rows import fail
-from orchestration.followups import Done
-from orchestration.models import Run, Step
+from orchestration.limits import bounds
 from orchestration.providers.base import FINISHED, STOPPED, ProviderStatus, TurnStatus
-from orchestration.settings import Settings
-from orchestration.states import ParkReason, RetryOn, RunStatus, StepStatus
-from orchestration.step_specs import StepSpec
-from orchestration.transitions import touch_step, transition_run, transition_step
+from orchestration.runs.transitions import touch_step, transition_run, transition_step
+from orchestration.workflows.steps import StepSpec
 
 _WORKING = (ProviderStatus.PENDING, ProviderStatus.RUNNING)
 

@@ -7,13 +7,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestration import closing, deadlines, health
-from orchestration.followups import Followups
-from orchestration.models import Run, Step
-from orchestration.settings import Settings
-from orchestration.states import ParkReason, RunStatus, StepStatus, StopReason
-from orchestration.step_specs import StepSpec
-from orchestration.transitions import touch_run, transition_run, transition_step
+from orchestration.core import deadlines, health
+from orchestration.core.followups import Followups
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import ParkReason, RunStatus, StepStatus, StopReason
+from orchestration.runs import closing
+from orchestration.runs.transitions import touch_run, transition_run, transition_step
+from orchestration.workflows.steps import StepSpec
 
 
 def park(

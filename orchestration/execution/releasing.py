@@ -7,14 +7,15 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, turns
+from orchestration.core.followups import Done, Transact
+from orchestration.core.settings import Settings
+from orchestration.core.states import STEP_TERMINAL
 from orchestration.execution.rows import step_of
 from orchestration.execution.starting import StartCall
-from orchestration.followups import Done, Transact
+from orchestration.limits import bounds
 from orchestration.providers.base import ENDED, TurnRef, TurnStatus
-from orchestration.settings import Settings
-from orchestration.states import STEP_TERMINAL
-from orchestration.transitions import touch_step
+from orchestration.runs import turns
+from orchestration.runs.transitions import touch_step
 
 
 def release_refused_start(

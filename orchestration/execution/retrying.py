@@ -16,19 +16,21 @@ from datetime import datetime, timedelta
 from sqlalchemy import null
 from sqlalchemy.orm import Session
 
-from orchestration import bounds, new_runs, turns
+from orchestration.core.followups import Done, Followups
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import MARGIN_SECONDS, Settings
+from orchestration.core.states import RetryOn, RunStatus, StepStatus, TurnStopStatus
 from orchestration.execution.entry import Entry
 from orchestration.execution.fence import Refusal
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.parking import leave_park
 from orchestration.execution.rows import fail
-from orchestration.followups import Done, Followups
-from orchestration.models import Run, Step
+from orchestration.limits import bounds
 from orchestration.providers.base import TurnRef
-from orchestration.settings import MARGIN_SECONDS, Settings
-from orchestration.states import RetryOn, RunStatus, StepStatus, TurnStopStatus
-from orchestration.step_specs import StepSpec
-from orchestration.transitions import transition_step
+from orchestration.runs import new_rows as new_runs
+from orchestration.runs import turns
+from orchestration.runs.transitions import transition_step
+from orchestration.workflows.steps import StepSpec
 
 
 def allowed(spec: StepSpec, step: Step, reason: RetryOn) -> bool:

@@ -10,14 +10,16 @@ from typing import TypeVar
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session, make_transient_to_detached
 
-from orchestration import bounds, closing, pieces
-from orchestration.db import constant_in
+from orchestration.core import pieces
+from orchestration.core.db import constant_in
+from orchestration.core.followups import Followups
+from orchestration.core.models import Run, Step
+from orchestration.core.pieces import Piece
+from orchestration.core.settings import Settings
+from orchestration.core.states import STEP_TERMINAL, RunStatus, StopReason
 from orchestration.execution.fence import STARTABLE as STARTABLE
-from orchestration.followups import Followups
-from orchestration.models import Run, Step
-from orchestration.pieces import Piece
-from orchestration.settings import Settings
-from orchestration.states import STEP_TERMINAL, RunStatus, StopReason
+from orchestration.limits import bounds
+from orchestration.runs import closing
 
 MOVABLE = (*STARTABLE, RunStatus.WAITING)
 R = TypeVar("R", Run, Step)

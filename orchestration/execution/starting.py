@@ -17,20 +17,26 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts, templating, turns
-from orchestration.errors import ArtifactCorrupt, ArtifactNotFound, LimitExceeded, ValidationError
+from orchestration.core.errors import (
+    ArtifactCorrupt,
+    ArtifactNotFound,
+    LimitExceeded,
+    ValidationError,
+)
+from orchestration.core.followups import Done
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import RunStatus, StepStatus
 from orchestration.execution import approving, branching, fence, retrying
 from orchestration.execution.entry import Entry, StepRow
 from orchestration.execution.fence import Refusal
 from orchestration.execution.outcomes import Halt, Outcome, Poll
 from orchestration.execution.rows import fail
-from orchestration.followups import Done
-from orchestration.models import Run, Step
 from orchestration.providers.base import TurnRequest
-from orchestration.settings import Settings
-from orchestration.states import RunStatus, StepStatus
-from orchestration.step_specs import StepSpec
-from orchestration.transitions import transition_run
+from orchestration.runs import artifacts, turns
+from orchestration.runs.transitions import transition_run
+from orchestration.workflows import templates as templating
+from orchestration.workflows.steps import StepSpec
 
 
 @dataclass(frozen=True)

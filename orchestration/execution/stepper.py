@@ -22,9 +22,18 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestration import artifacts, bounds, cancellation, effects, pieces, providers, specs
-from orchestration.db import utcnow
-from orchestration.errors import PermanentProviderError, RequestOverLimit, RetryableProviderError
+from orchestration import providers
+from orchestration.core import pieces
+from orchestration.core.db import utcnow
+from orchestration.core.errors import (
+    PermanentProviderError,
+    RequestOverLimit,
+    RetryableProviderError,
+)
+from orchestration.core.followups import Done, Transact
+from orchestration.core.models import Run
+from orchestration.core.settings import MARGIN_SECONDS, Settings
+from orchestration.core.states import RUN_TERMINAL, RunStatus, StopReason
 from orchestration.execution import calls, finishing, observing, parking, releasing
 from orchestration.execution import entry as entries
 from orchestration.execution.entry import Entry, Phase
@@ -32,14 +41,13 @@ from orchestration.execution.finishing import EffectsDue
 from orchestration.execution.outcomes import Halt, Outcome, Poll, Proceed
 from orchestration.execution.rows import MOVABLE, STARTABLE, Moved, fail, lock, step_of
 from orchestration.execution.starting import StartCall, claim, plain_task, start_call
-from orchestration.followups import Done, Transact
-from orchestration.models import Run
+from orchestration.limits import bounds
 from orchestration.observability import context, tracing
 from orchestration.providers import budget
 from orchestration.providers.base import FINISHED, TurnRef, TurnStatus
-from orchestration.settings import MARGIN_SECONDS, Settings
-from orchestration.states import RUN_TERMINAL, RunStatus, StopReason
-from orchestration.transitions import touch_step
+from orchestration.runs import artifacts, cancellation, effects
+from orchestration.runs.transitions import touch_step
+from orchestration.workflows import decoded as specs
 
 
 class Stepper:

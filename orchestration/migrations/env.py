@@ -1,4 +1,4 @@
-"""Alembic environment: the URL comes from the config that ``orchestration.db`` builds."""
+"""Alembic environment: the URL comes from the config that ``orchestration.core.db`` builds."""
 
 from __future__ import annotations
 
@@ -6,12 +6,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 
 # Modules whose tables are part of the schema besides ``models`` (for autogenerate).
-import orchestration.fleet_series
-import orchestration.live_counts
-import orchestration.run_totals
-import orchestration.schedule_models
-import orchestration.surfaces.api.tokens  # noqa: F401
-from orchestration.models import Base
+from orchestration.core.models import Base
 
 config = context.config
 target_metadata = Base.metadata

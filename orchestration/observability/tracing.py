@@ -16,9 +16,9 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol
 
-from orchestration.errors import ConfigurationError
-from orchestration.settings import Settings
-from orchestration.url_checks import check_web_url
+from orchestration.core.errors import ConfigurationError
+from orchestration.core.settings import Settings
+from orchestration.core.url_checks import check_web_url
 
 LOG = logging.getLogger(__name__)
 #: The path an OTLP/HTTP collector takes traces on, after a base endpoint.

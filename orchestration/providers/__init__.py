@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from orchestration.errors import ValidationError
+from orchestration.core.errors import ValidationError
+from orchestration.core.settings import Settings
 from orchestration.providers.base import Provider
-from orchestration.settings import Settings
 
 #: name -> factory(settings). Each factory is imported lazily so that a provider's optional
 #: dependencies are only needed by the workflows that use it.
@@ -62,7 +62,7 @@ def get_provider(name: str, settings: Settings) -> Provider:
     # Threads of one process (the HTTP API's pool) build each provider once.
     with _BUILDING:
         if key not in _CACHE:
-            from orchestration.instruments import Instrumented
+            from orchestration.providers.instruments import Instrumented
 
             _CACHE[key] = Instrumented(_FACTORIES[name](settings))
         return _CACHE[key]

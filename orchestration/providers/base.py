@@ -14,12 +14,12 @@ Contract every provider keeps (the engine's invariants rest on it):
   runtime can tell when a request arrived: the engine's own bound ends its wait, not the
   request's flight, and a start delayed in the network past the claim window could otherwise
   land after a ``cancel`` returned. A refused late start raises
-  :class:`~orchestration.errors.RetryableProviderError`; the engine claims the start again.
+  :class:`~orchestration.core.errors.RetryableProviderError`; the engine claims the start again.
 * Every call is bounded by the provider's request timeout. An outage raises
-  :class:`~orchestration.errors.RetryableProviderError`; a refusal or a vanished turn raises
-  :class:`~orchestration.errors.PermanentProviderError`.
+  :class:`~orchestration.core.errors.RetryableProviderError`; a refusal or a vanished turn raises
+  :class:`~orchestration.core.errors.PermanentProviderError`.
 * ``validate`` checks the step's ``with:`` options at launch, raising
-  :class:`~orchestration.errors.ValidationError` naming the field, so a misconfigured provider
+  :class:`~orchestration.core.errors.ValidationError` naming the field, so a misconfigured provider
   fails the launch and not the first poll.
 """
 

@@ -19,16 +19,16 @@ from urllib.parse import urlencode
 
 import httpx
 
-from orchestration import secrets
-from orchestration.egress import AllowList, Resolver, parse_allow_list, system_resolver
-from orchestration.errors import PermanentProviderError, RetryableProviderError
-from orchestration.host_lookups import LaunchChecks, check_launch_url, shared_deadline
+from orchestration.core.egress import AllowList, Resolver, parse_allow_list, system_resolver
+from orchestration.core.errors import PermanentProviderError, RetryableProviderError
+from orchestration.core.settings import Settings
+from orchestration.limits import secrets
+from orchestration.limits.host_lookups import LaunchChecks, check_launch_url, shared_deadline
 from orchestration.providers import budget
 from orchestration.providers import headers as header_rules
 from orchestration.providers.base import JSON
 from orchestration.providers.request_budget import Body, RequestBudget, fill_body
 from orchestration.providers.transport import Deadline, bounded_client
-from orchestration.settings import Settings
 
 #: A guard on memory, not the output bound: no provider answer is read past this.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024

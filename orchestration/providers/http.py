@@ -22,9 +22,10 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from orchestration import secrets
-from orchestration.egress import Resolver, system_resolver
-from orchestration.errors import LimitExceeded, PermanentProviderError, ValidationError
+from orchestration.core.egress import Resolver, system_resolver
+from orchestration.core.errors import LimitExceeded, PermanentProviderError, ValidationError
+from orchestration.core.settings import Settings
+from orchestration.limits import secrets
 from orchestration.providers import headers as header_rules
 from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
 from orchestration.providers.exchange import Reply, check_egress, exchange
@@ -36,7 +37,6 @@ from orchestration.providers.request_budget import (
     fill_body,
     fill_url,
 )
-from orchestration.settings import Settings
 
 _SNIPPET_CHARS = 300
 

@@ -28,14 +28,15 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from orchestration import secrets
-from orchestration.egress import Resolver, system_resolver
-from orchestration.errors import (
+from orchestration.core.egress import Resolver, system_resolver
+from orchestration.core.errors import (
     LimitExceeded,
     PermanentProviderError,
     RetryableProviderError,
     ValidationError,
 )
+from orchestration.core.settings import Settings
+from orchestration.limits import secrets
 from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
 from orchestration.providers.exchange import Exchange, check_egress, exchange
 from orchestration.providers.http import check_known, check_url, json_size
@@ -46,7 +47,6 @@ from orchestration.providers.request_budget import (
     count,
     fill_body,
 )
-from orchestration.settings import Settings
 
 #: Namespace of the thread ids: the same (run, step) always lands on the same thread.
 THREAD_NAMESPACE = uuid.UUID("5f0c2a9e-7d41-4b8e-9a57-3c6e1d2b8f40")

@@ -5,7 +5,7 @@ rendered task, a human's answer): a body that names ``{task}`` 30,000 times arou
 task would be 7 GB once built. So every piece of a request (its URL, each header, each
 piece of its JSON body) is charged to one :class:`RequestBudget` of
 ``ORCH_MAX_REQUEST_BYTES`` before it is made, and the first piece that does not fit raises
-:class:`~orchestration.errors.RequestOverLimit` (the step fails ``over_limit``). A value
+:class:`~orchestration.core.errors.RequestOverLimit` (the step fails ``over_limit``). A value
 named many times is encoded once and referenced, so the bytes a worker builds for one
 request are at most the budget, plus the encoded values, each bounded by its own setting.
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from orchestration.errors import RequestOverLimit, ValidationError
-from orchestration.templating import MAX_DEPTH
+from orchestration.core.errors import RequestOverLimit, ValidationError
+from orchestration.limits.bounds import MAX_DEPTH
 
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 #: Most placeholders one step's provider options may hold, all its templates together.

@@ -61,9 +61,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from orchestration.db import get_engine, normalize_url, session_scope, utcnow
-from orchestration.errors import RetryableProviderError
-from orchestration.models import UTCDateTime
+from orchestration.core.db import get_engine, normalize_url, session_scope, utcnow
+from orchestration.core.errors import RetryableProviderError
+from orchestration.core.models import UTCDateTime
+from orchestration.core.settings import Settings
 from orchestration.providers import scripted_options
 from orchestration.providers.base import JSON as JSONValue
 from orchestration.providers.base import (
@@ -72,7 +73,6 @@ from orchestration.providers.base import (
     TurnRequest,
     TurnStatus,
 )
-from orchestration.settings import Settings
 
 _META = MetaData()
 TURNS = Table(

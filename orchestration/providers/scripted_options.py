@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from orchestration.errors import ValidationError
+from orchestration.core.errors import ValidationError
 from orchestration.providers.base import ProviderStatus
 
 #: Longest duration a script may state (about 115 days): beyond it ``timedelta`` overflows.

@@ -4,7 +4,7 @@ httpx's timeouts bound each socket operation, not the call: a server that sends
 ``HTTP/1.1 102 Processing`` every half second, or one byte a second, keeps each read short
 and the call alive for ever, and ``getaddrinfo`` takes no timeout at all. So the network
 backend here resolves the host itself within the time left, checks every address against
-the allow-list (:mod:`orchestration.egress`) and connects to the address it checked (no
+the allow-list (:mod:`orchestration.core.egress`) and connects to the address it checked (no
 second lookup, no DNS-rebinding window; TLS still verifies the URL's host name). Every read,
 write and handshake is clamped to the time left, and a watchdog shuts the socket down at the
 deadline, so no operation outlasts it. Redirects are the caller's business (httpx does not
@@ -25,8 +25,8 @@ from typing import Any, NoReturn
 import httpcore
 import httpx
 
-from orchestration.egress import AllowList, Resolver, resolve, system_resolver
-from orchestration.errors import PermanentProviderError
+from orchestration.core.egress import AllowList, Resolver, resolve, system_resolver
+from orchestration.core.errors import PermanentProviderError
 
 _SOCKET_OPTION = (
     tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]

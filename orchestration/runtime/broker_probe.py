@@ -16,8 +16,8 @@ from typing import Any
 
 from kombu.connection import Connection
 
+from orchestration.core.settings import Settings
 from orchestration.runtime.celery_queue import broker_address, client_app
-from orchestration.settings import Settings
 
 LOG = logging.getLogger(__name__)
 #: Longest the page waits for the broker (seconds).

@@ -15,16 +15,16 @@ from celery.backends.base import DisabledBackend
 from celery.beat import PersistentScheduler
 from kombu.transport import redis as kombu_redis
 
-from orchestration.settings import Settings
+from orchestration.core.settings import Settings
 
 #: Task names, one namespace. ``tasks/`` registers bodies under exactly these names.
 STEP_TASK = "orchestration.step.advance"
-SWEEP_TASK = "orchestration.sweeper.sweep"
-PRUNE_TASK = "orchestration.retention.prune"
-SCHEDULES_TASK = "orchestration.schedules.fire"
+SWEEP_TASK = "orchestration.upkeep.sweeper.sweep"
+PRUNE_TASK = "orchestration.upkeep.retention.prune"
+SCHEDULES_TASK = "orchestration.upkeep.schedules.fire"
 #: Seconds between two retention passes (``ORCH_RETENTION_DAYS``).
 PRUNE_INTERVAL = 3600.0
-STOP_TASK = "orchestration.turns.stop"
+STOP_TASK = "orchestration.runs.turns.stop"
 
 
 class NoResultBackend(DisabledBackend):  # type: ignore[misc]

@@ -28,9 +28,9 @@ from celery.signals import (
 )
 from celery.utils.log import get_multiprocessing_logger
 
+from orchestration.core.settings import Settings
 from orchestration.observability import context, logs, tracing
 from orchestration.runtime.celery_config import STEP_TASK, STOP_TASK
-from orchestration.settings import Settings
 
 #: The span of each task that names a run: (run id, step index) are its first two arguments.
 RUN_TASKS = {STEP_TASK: "step.execute", STOP_TASK: "turn.stop"}

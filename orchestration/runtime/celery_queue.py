@@ -15,12 +15,12 @@ from celery import Celery, chain
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 
-from orchestration.errors import BrokerUnavailable
-from orchestration.followups import ChainPlan
+from orchestration.core.errors import BrokerUnavailable
+from orchestration.core.followups import ChainPlan
+from orchestration.core.settings import Settings
 from orchestration.runtime import celery_observing
 from orchestration.runtime.celery_config import STEP_TASK, STOP_TASK, client_config, configure
 from orchestration.runtime.executor import Executor
-from orchestration.settings import Settings
 
 
 def broker_address(settings: Settings) -> str:

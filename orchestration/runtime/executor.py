@@ -2,7 +2,7 @@
 
 Every surface (the step, stop and sweep tasks, the Python API, the HTTP API, the CLI) reaches
 the domain through an :class:`Executor`. It opens the session, calls the domain, commits, and
-only then carries out the :class:`~orchestration.followups.Followups`: sending chain
+only then carries out the :class:`~orchestration.core.followups.Followups`: sending chain
 segments, revoking tasks, handing provider stops to the stop task, ending the branch runs of
 an ended parent and settling the parent of an ended branch run (each in a transaction of its
 own). Their errors are logged, never raised: the rows are durable, and the sweeper recovers
@@ -21,12 +21,12 @@ from typing import Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
-from orchestration import turns
-from orchestration.db import session_scope, utcnow
-from orchestration.errors import BrokerUnavailable
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.errors import BrokerUnavailable
+from orchestration.core.followups import ChainPlan, Done, Followups, Transact
+from orchestration.core.settings import Settings
 from orchestration.execution import branching
-from orchestration.followups import ChainPlan, Done, Followups, Transact
-from orchestration.settings import Settings
+from orchestration.runs import turns
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -12,12 +12,12 @@ from typing import Any
 
 from sqlalchemy import text
 
-from orchestration.db import get_engine, session_scope, utcnow
-from orchestration.errors import DatabaseNotReady
-from orchestration.models import SweeperBeat
+from orchestration.core.db import get_engine, session_scope, utcnow
+from orchestration.core.errors import DatabaseNotReady
+from orchestration.core.models import SweeperBeat
+from orchestration.core.settings import Settings
 from orchestration.runtime import readiness
-from orchestration.settings import Settings
-from orchestration.sweeper import SWEEPER_NAME
+from orchestration.upkeep.sweeper import SWEEPER_NAME
 
 #: The sweeper counts as dead after this many missed intervals.
 SWEEPER_MISSED_INTERVALS = 3

@@ -3,7 +3,7 @@ began. It is the delay that the broker, the prefetch and a busy pool add to ever
 the figure that says the fleet is too small before any deadline does.
 
 Each process counts its polls in a Prometheus histogram (``/metrics`` of that process) and
-in a :class:`~orchestration.fleet_series.Summary` per minute, written as one row when the
+in a :class:`~orchestration.upkeep.fleet_series.Summary` per minute, written as one row when the
 minute has passed (at the process's first poll after it, or when the process exits): one
 short transaction per process per minute, outside the step's own.
 """
@@ -19,8 +19,8 @@ from datetime import datetime
 from prometheus_client import Histogram
 from sqlalchemy.orm import Session
 
-from orchestration import fleet_series
-from orchestration.followups import Done, Transact
+from orchestration.core.followups import Done, Transact
+from orchestration.upkeep import fleet_series
 
 LOG = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from orchestration.db import alembic_config, normalize_url
-from orchestration.errors import DatabaseNotReady
+from orchestration.core.db import alembic_config, normalize_url
+from orchestration.core.errors import DatabaseNotReady
+from orchestration.core.settings import Settings
 from orchestration.runtime.celery_queue import broker_address, cause_of
-from orchestration.settings import Settings
 
 #: Longest a start-up check waits for the database or the broker to accept a connection.
 CONNECT_TIMEOUT = 5.0

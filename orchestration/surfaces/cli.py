@@ -24,16 +24,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from typer._click import Context as ClickContext  # typer vendors click; its groups take this
 from typer.core import TyperGroup
 
-from orchestration.errors import (
+from orchestration.core.errors import (
     ConfigurationError,
     OrchestrationError,
     RunNotFound,
     ValidationError,
 )
+from orchestration.core.settings import get_settings
+from orchestration.core.states import RUN_TERMINAL, RunStatus
 from orchestration.observability import logs, tracing
-from orchestration.records import RunRecord
-from orchestration.settings import get_settings
-from orchestration.states import RUN_TERMINAL, RunStatus
+from orchestration.reads.records import RunRecord
 from orchestration.surfaces import display
 from orchestration.surfaces.cli_common import (
     AsJson,
@@ -124,8 +124,8 @@ def launch(
     as_json: AsJson = False,
 ) -> None:
     """Launch a workflow run (idempotent per --request-id)."""
-    from orchestration.definitions import REFERENCE
     from orchestration.workflows import load_file
+    from orchestration.workflows.registry import REFERENCE
 
     named = not Path(file).exists() and REFERENCE.fullmatch(file)
     try:
@@ -353,7 +353,7 @@ def events(run_id: RunId, owner: Owner = None, as_json: AsJson = False) -> None:
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     """Create or migrate the schema (Alembic)."""
-    from orchestration.db import upgrade
+    from orchestration.core.db import upgrade
 
     try:
         upgrade(get_settings().database_url, revision)

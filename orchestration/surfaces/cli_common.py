@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from orchestration.errors import (
+from orchestration.core.errors import (
     BrokerUnavailable,
     OrchestrationError,
     RunNotFound,
@@ -124,7 +124,7 @@ def ago(now: datetime, then: datetime) -> str:
 def orchestrator_and_owner(owner: str | None) -> tuple[Orchestrator, str]:
     """The Python API from the environment, and who acts: ``--owner`` or ``ORCH_OWNER``.
     Imported late, so that ``--help`` loads neither the database layer nor the settings."""
+    from orchestration.core.settings import get_settings
     from orchestration.service import Orchestrator
-    from orchestration.settings import get_settings
 
     return Orchestrator.from_env(), owner or get_settings().owner

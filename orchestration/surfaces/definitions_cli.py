@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from orchestration.errors import OrchestrationError, ValidationError
+from orchestration.core.errors import OrchestrationError, ValidationError
 from orchestration.surfaces.cli_common import (
     AsJson,
     Owner,

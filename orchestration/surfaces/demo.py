@@ -24,14 +24,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestration.db import dispose_engines, upgrade
-from orchestration.errors import ValidationError
-from orchestration.records import RunRecord
+from orchestration.core.db import dispose_engines, upgrade
+from orchestration.core.errors import ValidationError
+from orchestration.core.settings import get_settings
+from orchestration.core.states import RUN_TERMINAL, RunStatus
+from orchestration.reads.records import RunRecord
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.embedded import EmbeddedBroker
 from orchestration.runtime.processes import start_worker
-from orchestration.settings import get_settings
-from orchestration.states import RUN_TERMINAL, RunStatus
 from orchestration.surfaces import display
 from orchestration.workflows import load_file
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestration.records import RunRecord, StepRecord
+from orchestration.reads.records import RunRecord, StepRecord
 
 _STATUS_STYLE = {
     "completed": "green",

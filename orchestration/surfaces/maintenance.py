@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from orchestration.errors import OrchestrationError, ValidationError
+from orchestration.core.errors import OrchestrationError, ValidationError
 from orchestration.surfaces.cli_common import AsJson, console, dump, failed
 
 _out = console()
@@ -37,11 +37,11 @@ def sweep(as_json: AsJson = False) -> None:
     """Run one sweeper pass now, as beat does periodically.
 
     Beat sends one every ORCH_SWEEP_INTERVAL."""
-    from orchestration.db import check_ready
+    from orchestration.core.db import check_ready
+    from orchestration.core.settings import get_settings
     from orchestration.runtime.celery_queue import client_executor
     from orchestration.runtime.readiness import require_database
-    from orchestration.settings import get_settings
-    from orchestration.sweeper import Sweeper
+    from orchestration.upkeep.sweeper import Sweeper
 
     settings = get_settings()
     try:
@@ -65,11 +65,11 @@ def prune(
     """Delete the runs that ended before --older-than.
 
     Each run goes with all its rows, in bounded batches."""
-    from orchestration import retention
-    from orchestration.db import check_ready, utcnow
+    from orchestration.core.db import check_ready, utcnow
+    from orchestration.core.settings import get_settings
     from orchestration.runtime.executor import Executor
     from orchestration.runtime.readiness import require_database
-    from orchestration.settings import get_settings
+    from orchestration.upkeep import retention
 
     settings = get_settings()
     cutoff = utcnow() - age(older_than)
@@ -94,8 +94,8 @@ def health(
     """Check the database, broker and sweeper; exit 1 if one is down.
 
     A part that is down is named by its address (password masked) and the cause."""
+    from orchestration.core.settings import get_settings
     from orchestration.runtime.liveness import check
-    from orchestration.settings import get_settings
 
     report = check(get_settings(), where=True)
     if as_json:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from orchestration.settings import get_settings
+from orchestration.core.settings import get_settings
 
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 

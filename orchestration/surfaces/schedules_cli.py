@@ -1,7 +1,7 @@
 """CLI commands for workflow schedules: ``orchestration schedules list|pause|resume|fire``.
 
 A schedule is the ``schedule:`` of the latest registered version of an owner's definition;
-the beat fires it (``orchestration.schedules``).
+the beat fires it (``orchestration.upkeep.schedules``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from orchestration.errors import OrchestrationError
+from orchestration.core.errors import OrchestrationError
 from orchestration.surfaces.cli_common import (
     AsJson,
     Owner,
@@ -97,7 +97,7 @@ def fire() -> None:
     """Fire every owner's due schedules now, as the beat does.
 
     Prints the pass's counts as JSON."""
-    from orchestration import schedules
+    from orchestration.upkeep import schedules
 
     try:
         orch, _ = orchestrator_and_owner(None)

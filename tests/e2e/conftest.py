@@ -17,7 +17,7 @@ import httpx
 import pytest
 import uvicorn
 
-from orchestration.db import session_scope, utcnow
+from orchestration.core.db import session_scope, utcnow
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
 from tests.conftest import wait_for

@@ -19,15 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
-from orchestration import health as judgement
-from orchestration import retention, status_triggers
-from orchestration.db import get_engine, session_scope, upgrade
-from orchestration.deadlines import park_expiry
-from orchestration.models import Run, RunEvent
-from orchestration.runtime.executor import Executor
-from orchestration.runtime.processes import ManagedProcess
-from orchestration.settings import Settings
-from orchestration.states import (
+from orchestration.core import health as judgement
+from orchestration.core import status_triggers
+from orchestration.core.db import get_engine, session_scope, upgrade
+from orchestration.core.deadlines import park_expiry
+from orchestration.core.models import Run, RunEvent
+from orchestration.core.settings import Settings
+from orchestration.core.states import (
     RUN_TERMINAL,
     UNATTENDED_PARKS,
     ClaimState,
@@ -35,8 +33,11 @@ from orchestration.states import (
     ParkReason,
     RunStatus,
 )
-from orchestration.summaries import ERROR_CHARS, listing
+from orchestration.reads.summaries import ERROR_CHARS, listing
+from orchestration.runtime.executor import Executor
+from orchestration.runtime.processes import ManagedProcess
 from orchestration.surfaces.api.metrics import SETTLE, RunMetrics
+from orchestration.upkeep import retention
 from tests.conftest import wait_for
 from tests.e2e.conftest import ApiServer, make_token, scripted
 from tests.integration import conftest as integration
@@ -273,7 +274,7 @@ def scratch(tmp_path: Path) -> Iterator[Settings]:
 
 def _reference(settings: Settings, run: Run, now: datetime) -> str:
     """The health rules as docs/concepts.md states them, over a row in Python: the test's
-    oracle for the one SQL expression (``orchestration.health``)."""
+    oracle for the one SQL expression (``orchestration.core.health``)."""
     dead = now > (run.heartbeat_at or run.created_at) + timedelta(
         seconds=settings.heartbeat_timeout
     )

@@ -19,10 +19,10 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from orchestration import fleet
-from orchestration.db import session_scope, utcnow
-from orchestration.errors import ValidationError
-from orchestration.followups import Done
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.errors import ValidationError
+from orchestration.core.followups import Done
+from orchestration.reads import fleet
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import tokens

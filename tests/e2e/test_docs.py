@@ -2,9 +2,9 @@
 
 Fast checks (always run, well under ten seconds):
 
-* the state tables in ``docs/concepts.md`` are exactly what :mod:`orchestration.states` renders
+* the state tables in ``docs/concepts.md`` are exactly what :mod:`orchestration.core.states` renders
   to (statuses, transitions, stop reasons, park reasons, health, effect statuses);
-* ``docs/configuration.md`` lists every :class:`~orchestration.settings.Settings` field as
+* ``docs/configuration.md`` lists every :class:`~orchestration.core.settings.Settings` field as
   ``ORCH_<NAME>`` with its real default, and names no ``ORCH_`` variable the code does not read;
 * every ``orchestration ...`` command shown in ``README.md`` and ``docs/*.md`` is a real command
   of the CLI, with real options;
@@ -46,9 +46,9 @@ import pytest
 import typer.main
 from pydantic_core import PydanticUndefined
 
-from orchestration import states
-from orchestration.settings import Settings
-from orchestration.states import (
+from orchestration.core import states
+from orchestration.core.settings import Settings
+from orchestration.core.states import (
     RUN_TERMINAL,
     RUN_TRANSITIONS,
     STEP_TERMINAL,
@@ -98,7 +98,7 @@ def replace_regions(text: str, kind: str, bodies: Mapping[str, str]) -> str:
     return _region_re(kind).sub(swap, text)
 
 
-# -- the state tables, rendered from orchestration/states.py ---------------------------------
+# -- the state tables, rendered from orchestration/core/states.py ---------------------------------
 
 
 def _markdown(text: str) -> str:
@@ -235,7 +235,7 @@ def test_concepts_tables_match_states() -> None:
     )
     stale = [name for name, body in rendered.items() if found[name] != body]
     assert not stale, (
-        f"docs/concepts.md tables {stale} differ from orchestration/states.py; rewrite them "
+        f"docs/concepts.md tables {stale} differ from orchestration/core/states.py; rewrite them "
         "with ORCH_REGENERATE_DOCS=1 .venv/bin/pytest tests/e2e/test_docs.py"
     )
 
@@ -468,7 +468,7 @@ def _flask_example() -> Any:
 
 def test_flask_example_serves_the_python_api(tmp_path: Path) -> None:
     pytest.importorskip("flask")
-    from orchestration.db import upgrade
+    from orchestration.core.db import upgrade
     from orchestration.service import Orchestrator
 
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'flask.db'}")

@@ -17,7 +17,7 @@ import pytest
 from orchestration.runtime.celery_queue import client_executor, client_queue
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
-from orchestration.sweeper import Sweeper
+from orchestration.upkeep.sweeper import Sweeper
 from orchestration.workflows import load_file
 from tests.conftest import wait_for
 from tests.e2e.test_cli import CLI, EXAMPLES

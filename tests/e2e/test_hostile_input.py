@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from orchestration.db import session_scope
-from orchestration.models import Run, RunEvent, Step
+from orchestration.core.db import session_scope
+from orchestration.core.models import Run, RunEvent, Step
 from tests.e2e.conftest import ApiServer
 from tests.integration.conftest import Stack
 

@@ -26,15 +26,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestration.db import upgrade
-from orchestration.errors import BrokerUnavailable
+from orchestration.core.db import upgrade
+from orchestration.core.errors import BrokerUnavailable
 from orchestration.runtime import broker_probe
 from orchestration.runtime.celery_config import STEP_TASK
 from orchestration.runtime.celery_queue import client_app, client_executor, client_queue
 from orchestration.runtime.processes import ManagedProcess, celery_argv
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api.app import create_app
-from orchestration.sweeper import Sweeper
+from orchestration.upkeep.sweeper import Sweeper
 from orchestration.workflows import load_file
 from tests.conftest import wait_for
 from tests.e2e.conftest import make_token

@@ -18,13 +18,13 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from orchestration.db import dispose_engines, normalize_url, upgrade
+from orchestration.core.db import dispose_engines, normalize_url, upgrade
+from orchestration.core.settings import Settings
 from orchestration.providers.scripted import ScriptedProvider
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.embedded import EmbeddedBroker
 from orchestration.runtime.processes import ManagedProcess, start_beat, start_worker
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from tests.conftest import BROKER_URL, DATABASE_URL
 
 #: Shrunk bounds: a dead heartbeat is seen in ~8 s, the sweeper passes every second.

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestration.db import session_scope
-from orchestration.errors import ConflictError
-from orchestration.models import RunEvent
+from orchestration.core.db import session_scope
+from orchestration.core.errors import ConflictError
+from orchestration.core.models import RunEvent
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from tests.conftest import wait_for

@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from orchestration.db import session_scope, utcnow
-from orchestration.errors import ArtifactNotFound
-from orchestration.models import Artifact, Step
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.errors import ArtifactNotFound
+from orchestration.core.models import Artifact, Step
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import tokens

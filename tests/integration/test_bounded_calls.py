@@ -22,15 +22,15 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestration.effects import _post_webhook
-from orchestration.egress import AllowList
-from orchestration.errors import PermanentProviderError, ProviderError, RetryableProviderError
+from orchestration.core.egress import AllowList
+from orchestration.core.errors import PermanentProviderError, ProviderError, RetryableProviderError
+from orchestration.core.settings import Settings
 from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest
 from orchestration.providers.exchange import MAX_RESPONSE_BYTES, exchange
 from orchestration.providers.http import HttpProvider
 from orchestration.providers.langgraph import LangGraphProvider
 from orchestration.providers.transport import BoundedTransport, Deadline
-from orchestration.settings import Settings
+from orchestration.runs.effects import _post_webhook
 from tests.support.hostile_servers import (
     Behaviour,
     HostileServer,

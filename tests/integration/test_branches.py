@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestration.db import session_scope
-from orchestration.followups import ChainPlan, Link
-from orchestration.models import RunEvent
+from orchestration.core.db import session_scope
+from orchestration.core.followups import ChainPlan, Link
+from orchestration.core.models import RunEvent
 from orchestration.providers.scripted import ScriptedProvider
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.processes import ManagedProcess

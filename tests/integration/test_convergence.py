@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestration.db import session_scope, utcnow
-from orchestration.models import RunEvent
-from orchestration.records import RunRecord
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.models import RunEvent
+from orchestration.reads.records import RunRecord
 from orchestration.runtime.celery_config import SWEEP_TASK
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.processes import ManagedProcess, celery_argv, start_worker
@@ -343,7 +343,7 @@ def test_enqueued_run_starts_when_its_holder_ends(
 def test_reject_and_interrupt_policies(
     stack: Stack, worker: ManagedProcess, orch: Orchestrator, owner: str
 ) -> None:
-    from orchestration.errors import ConflictError
+    from orchestration.core.errors import ConflictError
 
     holder = orch.launch(one_step([["running"]]), owner=owner, concurrency_key="sess")
     with pytest.raises(ConflictError, match="held by run"):

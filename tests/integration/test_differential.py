@@ -2,7 +2,7 @@
 must write the same rows, delivery by delivery, and so end every run the same way with the
 same journal.
 
-The deployments: a fresh SQLite database (``orchestration.pieces`` sends a decision's
+The deployments: a fresh SQLite database (``orchestration.core.pieces`` sends a decision's
 statements in sequence), a fresh PostgreSQL database (as one statement of data-modifying
 CTEs), and a fresh PostgreSQL database with ``single_statement`` off (in sequence again).
 Each workflow is played in-process and deterministically (``tests.support.in_process``):
@@ -39,12 +39,12 @@ import pytest
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import Engine, make_url
 
-from orchestration.db import get_engine, normalize_url, session_scope, upgrade
-from orchestration.live_counts import LiveRunCount
-from orchestration.models import Checkpoint, Effect, Run, RunEvent, Step
+from orchestration.core.db import get_engine, normalize_url, session_scope, upgrade
+from orchestration.core.models import Checkpoint, Effect, Run, RunEvent, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import RUN_TERMINAL
+from orchestration.limits.live_counts import LiveRunCount
 from orchestration.providers.scripted import ScriptedProvider, store_url
-from orchestration.settings import Settings
-from orchestration.states import RUN_TERMINAL
 from tests.conftest import DATABASE_URL
 from tests.support.in_process import World, age_turns
 from tests.support.statements import Sent, sent
@@ -293,7 +293,7 @@ def together(seen: Sent) -> list[tuple[str, ...]]:
 
 
 def pieces_together(seen: Sent) -> list[tuple[str, ...]]:
-    """The pieces of each decision ``orchestration.pieces`` sent as one statement."""
+    """The pieces of each decision ``orchestration.core.pieces`` sent as one statement."""
     sent_whole = (_RETURNED.findall(sql) for sql, _ in seen.texts if sql.lstrip()[:4] == "WITH")
     return [tuple(names) for names in sent_whole if len(names) > 1]
 

@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy import func, select
 
 from chaos.duplicating import DuplicatingQueue
-from orchestration.chains import SEGMENT_LINKS
-from orchestration.db import session_scope
-from orchestration.errors import IdempotencyConflict, RunNotFound, ValidationError
-from orchestration.models import Run, RunEvent, Step
+from orchestration.core.db import session_scope
+from orchestration.core.errors import IdempotencyConflict, RunNotFound, ValidationError
+from orchestration.core.models import Run, RunEvent, Step
 from orchestration.providers.scripted import STARTED, ScriptedProvider
+from orchestration.runs.chains import SEGMENT_LINKS
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.processes import ManagedProcess, start_worker
 from orchestration.service import Orchestrator

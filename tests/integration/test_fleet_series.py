@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from orchestration import fleet_series
-from orchestration.db import session_scope
-from orchestration.models import Step
+from orchestration.core.db import session_scope
+from orchestration.core.models import Step
 from orchestration.service import Orchestrator
+from orchestration.upkeep import fleet_series
 from tests.integration.conftest import Stack
 from tests.support.runs import finished
 

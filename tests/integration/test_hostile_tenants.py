@@ -39,18 +39,20 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, inspect, select, text
 
-from orchestration import cancellation, deadlines, workflows
-from orchestration.db import get_engine, session_scope, utcnow
-from orchestration.errors import ValidationError
-from orchestration.models import Run, RunEvent, Step
+from orchestration.core import deadlines
+from orchestration.core.db import get_engine, session_scope, utcnow
+from orchestration.core.errors import ValidationError
+from orchestration.core.models import Run, RunEvent, Step
+from orchestration.core.states import RUN_TERMINAL, RunStatus
 from orchestration.providers.exchange import MAX_RESPONSE_BYTES
-from orchestration.records import RunRecord
+from orchestration.reads.records import RunRecord
+from orchestration.runs import cancellation
 from orchestration.runtime.liveness import last_pass
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
-from orchestration.states import RUN_TERMINAL, RunStatus
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
+from orchestration.workflows import parsing as workflows
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
 from tests.support.hostile_servers import (

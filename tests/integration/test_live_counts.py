@@ -1,6 +1,6 @@
 """On PostgreSQL the live-run counts are deferred triggers writing one slot per connection
-(``orchestration.live_counts``): concurrent launches and cancels keep them equal to a count of
-the rows and never deadlock on them, and a launch's admission counts no run row."""
+(``orchestration.limits.live_counts``): concurrent launches and cancels keep them equal to a
+count of the rows and never deadlock on them, and a launch's admission counts no run row."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 
-from orchestration.db import get_engine, session_scope
-from orchestration.live_counts import TOTAL
+from orchestration.core.db import get_engine, session_scope
+from orchestration.core.states import RUN_LIVE
+from orchestration.limits.live_counts import TOTAL
 from orchestration.service import Orchestrator
-from orchestration.states import RUN_LIVE
 from tests.conftest import DATABASE_URL
 from tests.integration.conftest import Stack
 from tests.unit.support import launch, step_spec, workflow

@@ -13,11 +13,11 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from orchestration.db import utcnow
+from orchestration.core.db import utcnow
 from orchestration.observability import otel, tracing
 from orchestration.runtime.celery_queue import client_executor
 from orchestration.service import Orchestrator
-from orchestration.sweeper import Sweeper
+from orchestration.upkeep.sweeper import Sweeper
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack, make_stack
 from tests.support.otlp import Received, Receiver

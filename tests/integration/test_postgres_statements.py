@@ -18,29 +18,27 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select, text
 
-from orchestration import claims, launch_once, launching, pieces
-from orchestration.db import get_engine, postgresql_url, session_scope, utcnow
-from orchestration.errors import (
+from orchestration.core import pieces
+from orchestration.core.db import get_engine, postgresql_url, session_scope, utcnow
+from orchestration.core.errors import (
     IdempotencyConflict,
     IllegalTransition,
     LimitExceeded,
     RetryableProviderError,
 )
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import RunStatus, StepStatus
 from orchestration.execution import Halt, Poll, Proceed, Stepper, fence
 from orchestration.execution.rows import STARTABLE, Moved, lock
-from orchestration.models import Run, Step
 from orchestration.providers.base import TurnRef, TurnRequest
 from orchestration.providers.scripted import ScriptedProvider, store_url
+from orchestration.runs import concurrency as claims
+from orchestration.runs import launch_statement as launch_once
+from orchestration.runs import launching
+from orchestration.runs.transitions import lock_run, touch_step, transition_run, transition_step
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
-from orchestration.states import RunStatus, StepStatus
-from orchestration.transitions import (
-    lock_run,
-    touch_step,
-    transition_run,
-    transition_step,
-)
 from tests.conftest import DATABASE_URL
 from tests.integration.conftest import Stack
 from tests.support.statements import await_blocked, sent, stepper_on

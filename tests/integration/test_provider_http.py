@@ -11,10 +11,14 @@ from typing import Any
 import pytest
 
 from orchestration import providers
-from orchestration.errors import PermanentProviderError, RetryableProviderError, ValidationError
+from orchestration.core.errors import (
+    PermanentProviderError,
+    RetryableProviderError,
+    ValidationError,
+)
+from orchestration.core.settings import Settings
 from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest, TurnStatus
 from orchestration.providers.http import HttpProvider
-from orchestration.settings import Settings
 from tests.support.agent_service import AgentService
 
 pytestmark = pytest.mark.integration

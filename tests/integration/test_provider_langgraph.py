@@ -17,10 +17,14 @@ import httpx
 import pytest
 
 from orchestration import providers
-from orchestration.errors import PermanentProviderError, RetryableProviderError, ValidationError
+from orchestration.core.errors import (
+    PermanentProviderError,
+    RetryableProviderError,
+    ValidationError,
+)
+from orchestration.core.settings import Settings
 from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest, TurnStatus
 from orchestration.providers.langgraph import KEY_FIELD, LangGraphProvider, thread_id
-from orchestration.settings import Settings
 from tests.support.langgraph_server import LangGraphServer, available
 
 pytestmark = pytest.mark.integration

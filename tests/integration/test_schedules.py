@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestration.db import session_scope
-from orchestration.models import Run
+from orchestration.core.db import session_scope
+from orchestration.core.models import Run
+from orchestration.core.schedule_models import ScheduleFire
 from orchestration.runtime.processes import ManagedProcess
-from orchestration.schedule_models import ScheduleFire
 from orchestration.service import Orchestrator
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack

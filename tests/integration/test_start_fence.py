@@ -15,11 +15,11 @@ import threading
 import pytest
 from sqlalchemy import update
 
-from orchestration.db import session_scope
+from orchestration.core.db import session_scope
+from orchestration.core.models import Run
+from orchestration.core.settings import Settings
 from orchestration.execution import Halt, Poll, Proceed, Stepper
-from orchestration.models import Run
 from orchestration.providers.scripted import ScriptedProvider
-from orchestration.settings import Settings
 from tests.conftest import DATABASE_URL
 from tests.integration.conftest import Stack
 from tests.support.statements import await_blocked, sent, stepper_on

@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import create_engine, text
 
-from orchestration.db import normalize_url, utcnow
+from orchestration.core.db import normalize_url, utcnow
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.sweeper import Sweeper
+from orchestration.upkeep.sweeper import Sweeper
 from tests.integration.conftest import Stack
 
 pytestmark = pytest.mark.integration

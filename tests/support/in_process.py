@@ -22,16 +22,16 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.exc import DataError, IntegrityError
 
-from orchestration import turns
-from orchestration.db import session_scope
+from orchestration.core.db import session_scope
+from orchestration.core.followups import ChainPlan
+from orchestration.core.settings import Settings
 from orchestration.execution import Outcome, Poll, Proceed, Stepper
-from orchestration.followups import ChainPlan
 from orchestration.providers.scripted import TURNS, store_url
+from orchestration.runs import turns
 from orchestration.runtime import executor as executor_module
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
-from orchestration.sweeper import Sweeper
+from orchestration.upkeep.sweeper import Sweeper
 from tests.unit.support import T0, Clock, RecordingDispatcher
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from celery import Celery
 from kombu.transport import redis as kombu_redis
 
+from orchestration.core.settings import get_settings
 from orchestration.runtime.celery_config import configure
-from orchestration.settings import get_settings
 from tests.support.redis_restart import MARK_TASK, SLOW_MARK_TASK, WITHOUT_WORKAROUND
 
 app = configure(Celery("redis_restart"), get_settings())

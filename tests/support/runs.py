@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from orchestration.records import RunRecord
+from orchestration.reads.records import RunRecord
 from orchestration.service import Orchestrator, is_terminal
 from tests.conftest import wait_for
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from sqlalchemy import event, text
 
-from orchestration.db import get_engine
+from orchestration.core.db import get_engine
+from orchestration.core.settings import Settings
 from orchestration.execution import Stepper
 from orchestration.providers.scripted import START_CALLS, TURNS
 from orchestration.runtime.executor import Executor
-from orchestration.settings import Settings
 from tests.unit.support import T0, Clock
 
 

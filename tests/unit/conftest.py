@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Engine, event
 from sqlalchemy.engine import make_url
 
-from orchestration.db import dispose_engines, get_engine, upgrade
+from orchestration.core.db import dispose_engines, get_engine, upgrade
+from orchestration.core.settings import Settings
 from orchestration.providers.scripted import store_url
-from orchestration.settings import Settings
 from tests.unit.support import make_settings
 
 
@@ -35,7 +35,7 @@ def _fast_sqlite() -> Iterator[None]:
 
 def close_pools(settings: Settings) -> None:
     """Close the pooled connections to a test's database files. The engines stay cached in
-    ``orchestration.db`` (with their compiled-statement caches), so a database shared by many
+    ``orchestration.core.db`` (with their compiled-statement caches), so a database shared by many
     tests keeps them warm."""
     for url in {settings.database_url, store_url(settings)}:
         get_engine(url).dispose()

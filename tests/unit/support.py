@@ -21,13 +21,15 @@ from hypothesis import settings as hypothesis_settings
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from orchestration import claims, launching, status_triggers
-from orchestration.db import session_scope
+from orchestration.core import status_triggers
+from orchestration.core.db import session_scope
+from orchestration.core.followups import ChainPlan
+from orchestration.core.models import Run, RunEvent, Step
+from orchestration.core.settings import Settings
 from orchestration.execution import Outcome, Poll, Stepper
-from orchestration.followups import ChainPlan
-from orchestration.models import Run, RunEvent, Step
+from orchestration.runs import concurrency as claims
+from orchestration.runs import launching
 from orchestration.runtime.executor import Executor
-from orchestration.settings import Settings
 
 #: Property tests: modest example counts, no per-example deadline (SQLite I/O varies), and the
 #: database fixture shared by the examples of one test (each example builds its own rows).

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from orchestration import deadlines
-from orchestration.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
+from orchestration.core import deadlines
+from orchestration.core.errors import ConflictError, LimitExceeded, RunNotFound, ValidationError
+from orchestration.core.settings import Settings
 from orchestration.execution import Halt, Proceed, Stepper
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
-from orchestration.sweeper import Sweeper
-from orchestration.workflows import parse
+from orchestration.upkeep.sweeper import Sweeper
+from orchestration.workflows.parsing import parse
 from tests.unit.support import T0, Clock, RecordingDispatcher, launch, run_row, step_spec, steps_of
 
 

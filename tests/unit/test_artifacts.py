@@ -16,14 +16,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
-from orchestration import artifacts, retention
-from orchestration.db import session_scope, utcnow
-from orchestration.errors import ArtifactCorrupt, ArtifactNotFound, RunNotFound
-from orchestration.models import Artifact, Run, Step
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.errors import ArtifactCorrupt, ArtifactNotFound, RunNotFound
+from orchestration.core.models import Artifact, Run, Step
+from orchestration.core.settings import Settings
+from orchestration.runs import artifacts
 from orchestration.runtime.executor import Executor
-from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
+from orchestration.upkeep import retention
 from tests.unit.support import launch, step_spec
 from tests.unit.test_branches import OWNER, World
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from orchestration.core.settings import Settings
 from orchestration.execution import Stepper
 from orchestration.providers.scripted import ScriptedProvider
-from orchestration.settings import Settings
 from tests.unit.support import force_step, step_spec
 from tests.unit.test_branches import OWNER, Forgetful, World
 

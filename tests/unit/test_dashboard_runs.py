@@ -8,12 +8,12 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from orchestration import summaries
-from orchestration.db import session_scope
+from orchestration.core.db import session_scope
+from orchestration.core.settings import Settings
 from orchestration.execution import Stepper
+from orchestration.reads import summaries
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
 from tests.unit.support import T0, Clock, RecordingDispatcher, launch, step_spec, workflow

@@ -1,5 +1,5 @@
 """``deadline_at`` and health, with the clock as a parameter: deadlines in Python, health as the
-SQL judges a run's row (``orchestration.health``, the one place it is written)."""
+SQL judges a run's row (``orchestration.core.health``, the one place it is written)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import delete, insert
 
-from orchestration import deadlines, health
-from orchestration.db import session_scope
-from orchestration.explain import explain
-from orchestration.models import Run
-from orchestration.records import to_record
-from orchestration.settings import Settings
-from orchestration.states import (
+from orchestration.core import deadlines, health
+from orchestration.core.db import session_scope
+from orchestration.core.models import Run
+from orchestration.core.settings import Settings
+from orchestration.core.states import (
     RUN_LIVE,
     RUN_TERMINAL,
     UNATTENDED_PARKS,
@@ -25,6 +23,8 @@ from orchestration.states import (
     ParkReason,
     RunStatus,
 )
+from orchestration.reads.explain import explain
+from orchestration.reads.records import to_record
 from tests.unit.support import PROPERTY, T0, make_settings, s, unguarded
 
 

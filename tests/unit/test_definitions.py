@@ -13,14 +13,14 @@ import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from orchestration import args_schema
-from orchestration.db import session_scope, utcnow
-from orchestration.errors import ValidationError
-from orchestration.models import Run
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.errors import ValidationError
+from orchestration.core.models import Run
+from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
+from orchestration.workflows import args_schema
 from tests.unit.support import RecordingDispatcher, cli, step_spec
 
 OWNER = "owner-1"

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from orchestration.egress import AllowList, parse_entry, resolve
-from orchestration.errors import ConfigurationError, PermanentProviderError, ValidationError
-from orchestration.host_lookups import check_launch_url
+from orchestration.core.egress import AllowList, parse_entry, resolve
+from orchestration.core.errors import ConfigurationError, PermanentProviderError, ValidationError
+from orchestration.core.settings import Settings, load_settings
+from orchestration.limits.host_lookups import check_launch_url
 from orchestration.providers.http import HttpProvider
 from orchestration.providers.langgraph import LangGraphProvider
 from orchestration.providers.transport import Deadline, GuardedBackend
-from orchestration.settings import Settings, load_settings
 
 #: The list the demo and the tests grant: loopback.
 LOOPBACK_HOSTS = "localhost,127.0.0.0/8,::1"

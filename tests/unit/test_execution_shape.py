@@ -19,14 +19,14 @@ from typing import Any
 
 from sqlalchemy import event, select, update
 
-from orchestration.chains import SEGMENT_LINKS, plan_chain
-from orchestration.db import get_engine, session_scope
+from orchestration.core.db import get_engine, session_scope
+from orchestration.core.followups import ChainPlan
+from orchestration.core.settings import Settings
 from orchestration.execution import Poll, Proceed, Stepper
-from orchestration.followups import ChainPlan
 from orchestration.providers.scripted import TURNS, store_url
+from orchestration.runs.chains import SEGMENT_LINKS, plan_chain
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from tests.unit.support import (
     T0,
     Clock,

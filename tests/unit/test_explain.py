@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from orchestration.explain import explain
-from orchestration.health import Judged
-from orchestration.records import RunRecord, StepRecord
-from orchestration.settings import Settings
-from orchestration.states import Health
+from orchestration.core.health import Judged
+from orchestration.core.settings import Settings
+from orchestration.core.states import Health
+from orchestration.reads.explain import explain
+from orchestration.reads.records import RunRecord, StepRecord
 from tests.unit.support import T0, make_settings, s
 
 

@@ -11,16 +11,17 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from orchestration import fleet, fleet_series
-from orchestration.db import session_scope, utcnow
-from orchestration.models import Step
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.models import Step
+from orchestration.core.settings import Settings
+from orchestration.reads import fleet
 from orchestration.runtime import broker_probe, poll_lateness
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
-from orchestration.sweeper import SWEEPER_NAME, Sweeper
+from orchestration.upkeep import fleet_series
+from orchestration.upkeep.sweeper import SWEEPER_NAME, Sweeper
 from tests.unit.support import insert_run
 
 

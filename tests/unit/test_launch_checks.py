@@ -21,16 +21,19 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from orchestration import definitions, host_lookups, schedules, workflows
-from orchestration.db import session_scope
-from orchestration.egress import AllowList
-from orchestration.errors import ValidationError
-from orchestration.followups import Done
-from orchestration.schedule_models import ScheduleFire
+from orchestration.core.db import session_scope
+from orchestration.core.egress import AllowList
+from orchestration.core.errors import ValidationError
+from orchestration.core.followups import Done
+from orchestration.core.schedule_models import ScheduleFire
+from orchestration.core.settings import Settings
+from orchestration.limits import host_lookups
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
+from orchestration.upkeep import schedules
+from orchestration.workflows import parsing as workflows
+from orchestration.workflows import registry as definitions
 from tests.unit.support import RecordingDispatcher
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)

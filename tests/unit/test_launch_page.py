@@ -8,9 +8,9 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from orchestration.db import session_scope, utcnow
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
 from orchestration.surfaces.api.auth import csrf_value

@@ -24,7 +24,7 @@ PACKAGE = ROOT / "orchestration"
 OUTER = ("orchestration.runtime", "orchestration.surfaces", "orchestration.service")
 #: Where a transaction may be opened: the executor, the surfaces' reads, the scripted
 #: provider's own database.
-SESSION_OPENERS = ("orchestration.runtime", "orchestration.surfaces", "orchestration.db")
+SESSION_OPENERS = ("orchestration.runtime", "orchestration.surfaces", "orchestration.core.db")
 OWN_STORE = "orchestration.providers.scripted"
 
 

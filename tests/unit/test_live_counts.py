@@ -1,4 +1,4 @@
-"""The live-run counts a launch's admission reads (``orchestration.live_counts``) are kept by
+"""The live-run counts a launch's admission reads (``orchestration.limits.live_counts``) are kept by
 triggers on ``runs``: whatever writes a run, they equal a count of the live top-level runs."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, insert, select, text
 
-from orchestration import retention
-from orchestration.db import session_scope, upgrade
-from orchestration.errors import LimitExceeded
-from orchestration.live_counts import TOTAL, LiveRunCount
-from orchestration.models import Run
+from orchestration.core.db import session_scope, upgrade
+from orchestration.core.errors import LimitExceeded
+from orchestration.core.models import Run
+from orchestration.core.settings import Settings
+from orchestration.core.states import RUN_LIVE
+from orchestration.limits.live_counts import TOTAL, LiveRunCount
 from orchestration.runtime.executor import Executor
-from orchestration.settings import Settings
-from orchestration.states import RUN_LIVE
+from orchestration.upkeep import retention
 from tests.unit.support import (
     T0,
     RecordingDispatcher,

@@ -16,12 +16,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from orchestration import observability
-from orchestration.errors import ConfigurationError
+from orchestration.core.errors import ConfigurationError
+from orchestration.core.settings import Settings
 from orchestration.execution import Stepper
 from orchestration.observability import context, logs, otel, tracing
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from tests.unit.support import step_spec, workflow
 
 

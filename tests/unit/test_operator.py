@@ -9,10 +9,10 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestration.db import session_scope, utcnow
-from orchestration.errors import ValidationError
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.errors import ValidationError
+from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
 from tests.unit.support import RecordingDispatcher, step_spec, workflow

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestration import effects, workflows
-from orchestration.db import utcnow
-from orchestration.errors import LimitExceeded, RequestOverLimit, ValidationError
+from orchestration.core.db import utcnow
+from orchestration.core.errors import LimitExceeded, RequestOverLimit, ValidationError
+from orchestration.core.settings import Settings
 from orchestration.execution import Halt, Stepper
 from orchestration.providers.base import TurnRequest
 from orchestration.providers.http import HttpProvider
@@ -36,8 +36,9 @@ from orchestration.providers.request_budget import (
     fill_body,
     fill_url,
 )
+from orchestration.runs import effects
 from orchestration.runtime.executor import Executor
-from orchestration.settings import Settings
+from orchestration.workflows import parsing as workflows
 from tests.unit.support import (
     PROPERTY,
     Clock,

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from orchestration import workflows
-from orchestration.errors import PermanentProviderError, ValidationError
+from orchestration.core.errors import PermanentProviderError, ValidationError
+from orchestration.core.settings import Settings
 from orchestration.providers import headers
 from orchestration.providers.exchange import exchange
 from orchestration.providers.http import HttpProvider
-from orchestration.settings import Settings
+from orchestration.workflows import parsing as workflows
 
 LOOPBACK = "localhost,127.0.0.0/8,::1"
 SETTINGS = Settings(provider_hosts=LOOPBACK, provider_secrets={"AGENT_TOKEN": ["127.0.0.1"]})

@@ -8,9 +8,14 @@ from typing import Any
 
 import pytest
 
-from orchestration.errors import ConflictError, IdempotencyConflict, RunNotFound, ValidationError
+from orchestration.core.errors import (
+    ConflictError,
+    IdempotencyConflict,
+    RunNotFound,
+    ValidationError,
+)
+from orchestration.core.settings import Settings
 from orchestration.providers.scripted import ScriptedProvider
-from orchestration.settings import Settings
 from tests.unit.support import step_spec
 from tests.unit.test_branches import OWNER, World
 

@@ -10,14 +10,14 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from orchestration import retention
-from orchestration.db import session_scope, utcnow
-from orchestration.errors import ValidationError
-from orchestration.models import Checkpoint, Run, RunEvent, Step
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.errors import ValidationError
+from orchestration.core.models import Checkpoint, Run, RunEvent, Step
+from orchestration.core.settings import Settings
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.maintenance import age
+from orchestration.upkeep import retention
 from tests.unit.support import RecordingDispatcher, cli, insert_run
 from tests.unit.test_branches import World, _research
 from tests.unit.test_schedules import OWNER, T0, _fires, _pass, _register, _runs, _workflow

@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 
-from orchestration import health, turns
-from orchestration.db import session_scope
-from orchestration.errors import LimitExceeded, ValidationError
+from orchestration.core import health
+from orchestration.core.db import session_scope
+from orchestration.core.errors import LimitExceeded, ValidationError
+from orchestration.core.settings import Settings
 from orchestration.execution import Halt, Poll, Proceed, Stepper
-from orchestration.explain import explain
 from orchestration.providers.scripted import ScriptedProvider
+from orchestration.reads.explain import explain
+from orchestration.runs import turns
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.workflows import load_file, parse
 from tests.unit.support import (
     T0,

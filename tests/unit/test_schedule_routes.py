@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestration.db import session_scope
-from orchestration.errors import ValidationError
+from orchestration.core.db import session_scope
+from orchestration.core.errors import ValidationError
+from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
 from orchestration.surfaces.api.auth import csrf_value

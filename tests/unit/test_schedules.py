@@ -11,14 +11,15 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestration import definitions, schedules
-from orchestration.errors import ValidationError
-from orchestration.followups import Done
-from orchestration.models import Run
-from orchestration.schedule_models import ScheduleFire
-from orchestration.schedule_specs import ScheduleSpec, next_fires
+from orchestration.core.errors import ValidationError
+from orchestration.core.followups import Done
+from orchestration.core.models import Run
+from orchestration.core.schedule_models import ScheduleFire
+from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
+from orchestration.upkeep import schedules
+from orchestration.workflows import registry as definitions
+from orchestration.workflows.schedules import ScheduleSpec, next_fires
 from tests.unit.support import RecordingDispatcher, step_spec
 
 OWNER = "owner-1"
@@ -270,7 +271,7 @@ def test_the_dashboard_shows_next_fire_times_and_the_run_each_fire_made(
 
     from fastapi.testclient import TestClient
 
-    from orchestration.db import session_scope
+    from orchestration.core.db import session_scope
     from orchestration.surfaces.api import tokens
     from orchestration.surfaces.api.app import create_app
 

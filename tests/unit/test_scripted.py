@@ -13,8 +13,9 @@ import pytest
 from sqlalchemy import select, update
 
 from orchestration import providers
-from orchestration.db import session_scope, utcnow
-from orchestration.errors import RetryableProviderError, ValidationError
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.errors import RetryableProviderError, ValidationError
+from orchestration.core.settings import Settings
 from orchestration.providers.base import Provider, ProviderStatus, TurnRef, TurnRequest
 from orchestration.providers.scripted import (
     EXISTING,
@@ -25,7 +26,6 @@ from orchestration.providers.scripted import (
     ScriptedProvider,
     store_url,
 )
-from orchestration.settings import Settings
 from tests.conftest import wait_for
 from tests.unit.support import make_settings
 

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestration.errors import PermanentProviderError, ValidationError
+from orchestration.core.errors import PermanentProviderError, ValidationError
+from orchestration.core.settings import Settings
+from orchestration.limits.secrets import binding_problem, redact, redact_json, secret_value
 from orchestration.providers.base import TurnRequest
 from orchestration.providers.http import HttpProvider
 from orchestration.providers.langgraph import LangGraphProvider
-from orchestration.secrets import binding_problem, redact, redact_json, secret_value
-from orchestration.settings import Settings
 from tests.unit.support import PROPERTY
 
 TOKEN = "tok-3f9a/+ x"

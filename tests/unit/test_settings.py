@@ -14,11 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError as PydanticValidationError
 
-from orchestration.db import get_engine, upgrade
-from orchestration.errors import ConfigurationError
+from orchestration.core.db import get_engine, upgrade
+from orchestration.core.errors import ConfigurationError
+from orchestration.core.settings import MARGIN_SECONDS, Settings, load_settings
+from orchestration.core.states import ParkReason
 from orchestration.runtime.celery_config import FolderCreatingScheduler, NoResultBackend, configure
-from orchestration.settings import MARGIN_SECONDS, Settings, load_settings
-from orchestration.states import ParkReason
 from tests.unit.support import PROPERTY
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from kombu.transport import TRANSPORT_ALIASES
 from pydantic.fields import FieldInfo
 from typer.testing import CliRunner
 
-from orchestration.settings import MAX_SECONDS, Settings, get_settings
+from orchestration.core.settings import MAX_SECONDS, Settings, get_settings
 from orchestration.surfaces.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from orchestration.closing import end_run
-from orchestration.db import utcnow
+from orchestration.core.db import utcnow
+from orchestration.core.followups import Done
+from orchestration.core.settings import Settings
+from orchestration.core.states import RunStatus, StopReason
 from orchestration.execution import Outcome, Poll, Stepper
-from orchestration.followups import Done
+from orchestration.runs.closing import end_run
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
-from orchestration.states import RunStatus, StopReason
 from tests.support.hostile_servers import Conversation, HostileServer, well_behaved
 from tests.unit.support import RecordingDispatcher, force_step, launch, run_row, steps_of, workflow
 
@@ -168,8 +168,8 @@ def test_a_duplicate_delivery_never_starts_a_turn_while_a_start_is_in_flight(
     its start call (then its status call), found no turn recorded, and called ``start`` on
     the same key again. A live claim makes it wait; a claim older than one call's deadline
     and the margin belongs to a dead execution, and the start is tried again."""
-    from orchestration import turns
     from orchestration.providers.scripted import ScriptedProvider
+    from orchestration.runs import turns
     from tests.unit.support import T0, Clock, step_spec
 
     run_id = launch(settings, workflow(step_spec(with_={"states": [["running", 1000]]})))
@@ -192,8 +192,8 @@ def test_a_claim_whose_commit_came_back_late_starts_no_turn_until_claimed_again(
     followed outlived the window other executions gave the claim. A commit later than the
     margin now starts nothing; the run parks as interrupted and the next execution claims
     again and starts."""
+    from orchestration.core.settings import MARGIN_SECONDS
     from orchestration.providers.scripted import ScriptedProvider
-    from orchestration.settings import MARGIN_SECONDS
     from tests.unit.support import T0, Clock, step_spec
 
     run_id = launch(settings, workflow(step_spec(with_={"states": [["running", 1000]]})))

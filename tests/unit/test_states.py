@@ -1,4 +1,4 @@
-"""The transition tables in ``orchestration/states.py`` are consistent, and the docs and the
+"""The transition tables in ``orchestration/core/states.py`` are consistent, and the docs and the
 schema agree with them."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import TypeVar
 import pytest
 from sqlalchemy import text
 
-from orchestration.db import get_engine
-from orchestration.settings import Settings
-from orchestration.states import (
+from orchestration.core.db import get_engine
+from orchestration.core.settings import Settings
+from orchestration.core.states import (
     RUN_LIVE,
     RUN_TERMINAL,
     RUN_TRANSITIONS,

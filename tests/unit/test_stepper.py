@@ -11,17 +11,18 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from orchestration import cancellation, deadlines
-from orchestration.closing import end_run
-from orchestration.db import session_scope, utcnow
+from orchestration.core import deadlines
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.models import Checkpoint, Effect
+from orchestration.core.settings import Settings
+from orchestration.core.states import EffectStatus, ParkReason, RunStatus, StepStatus, StopReason
 from orchestration.execution import Halt, Outcome, Poll, Proceed, Stepper
-from orchestration.models import Checkpoint, Effect
 from orchestration.providers.base import ProviderStatus, TurnRef
 from orchestration.providers.scripted import TURNS, ScriptedProvider, store_url
+from orchestration.runs import cancellation
+from orchestration.runs.closing import end_run
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
-from orchestration.states import EffectStatus, ParkReason, RunStatus, StepStatus, StopReason
 from tests.unit.support import (
     Clock,
     RecordingDispatcher,

@@ -10,16 +10,18 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from orchestration import cancellation, claims, closing, deadlines, turns
-from orchestration.db import session_scope
+from orchestration.core import deadlines
+from orchestration.core.db import session_scope
+from orchestration.core.models import Run, SweeperBeat
+from orchestration.core.settings import Settings
+from orchestration.core.states import ClaimState, ParkReason, RunStatus, StepStatus, StopReason
 from orchestration.execution import Halt, Poll, Stepper
-from orchestration.models import Run, SweeperBeat
 from orchestration.providers.scripted import ScriptedProvider
+from orchestration.runs import cancellation, closing, turns
+from orchestration.runs import concurrency as claims
 from orchestration.runtime.executor import Executor
 from orchestration.runtime.liveness import last_pass
-from orchestration.settings import Settings
-from orchestration.states import ClaimState, ParkReason, RunStatus, StepStatus, StopReason
-from orchestration.sweeper import SWEEPER_NAME, Sweeper
+from orchestration.upkeep.sweeper import SWEEPER_NAME, Sweeper
 from tests.unit.support import (
     T0,
     Clock,

@@ -18,14 +18,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestration import bounds, templating, turns
-from orchestration.db import utcnow
-from orchestration.errors import LimitExceeded
+from orchestration.core.db import utcnow
+from orchestration.core.errors import LimitExceeded
+from orchestration.core.settings import Settings
+from orchestration.core.states import TurnStopStatus
 from orchestration.execution import Halt, Poll, Stepper
+from orchestration.limits import bounds
+from orchestration.runs import turns
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.settings import Settings
-from orchestration.states import TurnStopStatus
+from orchestration.workflows import templates as templating
 from tests.unit.support import (
     PROPERTY,
     Clock,

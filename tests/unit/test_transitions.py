@@ -13,15 +13,12 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from orchestration import claims
-from orchestration.closing import end_run
-from orchestration.db import constant_in, session_scope, upgrade
-from orchestration.errors import IllegalTransition, RunNotFound
-from orchestration.followups import Done, Followups
-from orchestration.models import Run, Step
-from orchestration.runtime.executor import Executor
-from orchestration.settings import Settings
-from orchestration.states import (
+from orchestration.core.db import constant_in, session_scope, upgrade
+from orchestration.core.errors import IllegalTransition, RunNotFound
+from orchestration.core.followups import Done, Followups
+from orchestration.core.models import Run, Step
+from orchestration.core.settings import Settings
+from orchestration.core.states import (
     RUN_LIVE,
     RUN_TERMINAL,
     RUN_TRANSITIONS,
@@ -33,7 +30,10 @@ from orchestration.states import (
     StepStatus,
     StopReason,
 )
-from orchestration.transitions import touch_run, touch_step, transition_run, transition_step
+from orchestration.runs import concurrency as claims
+from orchestration.runs.closing import end_run
+from orchestration.runs.transitions import touch_run, touch_step, transition_run, transition_step
+from orchestration.runtime.executor import Executor
 from tests.unit.conftest import close_pools
 from tests.unit.support import (
     PROPERTY,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import upkeep, upkeep_rows
-from orchestration.db import dispose_engines, upgrade, utcnow
+from orchestration.core.db import dispose_engines, upgrade, utcnow
 
 
 def test_a_tiny_run_measures_every_figure(

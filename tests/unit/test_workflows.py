@@ -12,17 +12,21 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from orchestration import claims, launching, templating, workflows
-from orchestration.errors import (
+from orchestration.core.errors import (
     IdempotencyConflict,
     LimitExceeded,
     OrchestrationError,
     ValidationError,
 )
+from orchestration.core.settings import Settings
+from orchestration.core.states import RunStatus, StepStatus
+from orchestration.limits import bounds
+from orchestration.runs import concurrency as claims
+from orchestration.runs import launching
 from orchestration.runtime.executor import Executor
-from orchestration.settings import Settings
-from orchestration.states import RunStatus, StepStatus
 from orchestration.surfaces.demo import EXAMPLE_ARGS
+from orchestration.workflows import parsing as workflows
+from orchestration.workflows import templates as templating
 from tests.unit.support import (
     PROPERTY,
     T0,
@@ -199,7 +203,7 @@ def test_limits_are_refused_naming_the_setting(
 
 def test_a_task_nested_too_deep_is_refused(settings: Settings) -> None:
     task: Any = "leaf"
-    for _ in range(templating.MAX_DEPTH + 1):
+    for _ in range(bounds.MAX_DEPTH + 1):
         task = [task]
     with pytest.raises(ValidationError, match="nested deeper"):
         workflows.parse(workflow(step_spec(task=task)), settings)

@@ -1,7 +1,7 @@
 """live run counts: kept by triggers on runs, so that a launch's admission reads a few rows
 
 A launch counted the live runs, in all and of its owner, at every launch: its cost grew with
-the live runs (``orchestration.live_counts``). The counts are now rows that triggers on
+the live runs (``orchestration.limits.live_counts``). The counts are now rows that triggers on
 ``runs`` keep: a top-level run inserted live adds one, one that leaves the live statuses or
 is deleted while live takes one away. On PostgreSQL the triggers are deferred to the commit
 and add to the slot of the connection (``pg_backend_pid() % 16``), the total's row first; on

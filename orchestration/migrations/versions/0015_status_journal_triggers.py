@@ -3,7 +3,7 @@
 Every status change of a run or a step was journaled by the code that made it, in five
 places, and a fast path's own ``UPDATE`` of a status stood beside the guarded transition.
 Now ``runs`` and ``steps`` carry the ``cause`` of their latest status, and triggers generated
-from the state machine's tables (``orchestration.status_triggers``) refuse a change the
+from the state machine's tables (``orchestration.core.status_triggers``) refuse a change the
 table does not allow (or a new row in a status it cannot start in) and write the journal
 row from the row itself, whoever wrote it. The tables are frozen below: this migration keeps
 creating what it created when ``states`` changes (a newer migration then re-creates them).
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from orchestration.status_triggers import Machine, dropped, postgresql, sqlite
+from orchestration.core.status_triggers import Machine, dropped, postgresql, sqlite
 
 revision = "0015"
 down_revision = "0014"

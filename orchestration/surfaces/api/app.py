@@ -69,7 +69,7 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     """The app over ``orchestrator`` (default: :meth:`Orchestrator.from_env`).
 
     ``max_body`` overrides ``ORCH_API_MAX_BODY_BYTES``. Raises
-    :class:`~orchestration.errors.DatabaseNotReady` when the schema is behind.
+    :class:`~orchestration.core.errors.DatabaseNotReady` when the schema is behind.
     """
     orch = orchestrator or Orchestrator.from_env()
     tokens.check_ready(orch.settings.database_url)

@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from orchestration.db import session_scope
+from orchestration.core.db import session_scope
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.errors import ApiError

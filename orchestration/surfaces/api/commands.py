@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from orchestration.errors import OrchestrationError, ValidationError
+from orchestration.core.errors import OrchestrationError, ValidationError
 from orchestration.observability import logs
 from orchestration.surfaces.cli_common import console, err, failed
 
@@ -68,8 +68,8 @@ def create(
     ] = False,
 ) -> None:
     """Create a token and print it once (only its hash is stored)."""
-    from orchestration.db import session_scope, utcnow
-    from orchestration.settings import get_settings
+    from orchestration.core.db import session_scope, utcnow
+    from orchestration.core.settings import get_settings
     from orchestration.surfaces.api import tokens
 
     url = get_settings().database_url
@@ -99,8 +99,8 @@ def list_tokens(
     """List tokens by id, owner, name and state; never the tokens.
 
     The id is a prefix of the token's hash."""
-    from orchestration.db import session_scope
-    from orchestration.settings import get_settings
+    from orchestration.core.db import session_scope
+    from orchestration.core.settings import get_settings
     from orchestration.surfaces.api import tokens
 
     url = get_settings().database_url
@@ -127,8 +127,8 @@ def revoke(
     token: Annotated[str, typer.Argument(help="The token, or its id from `tokens list`.")],
 ) -> None:
     """Revoke a token: requests with it get 401 from now on (idempotent)."""
-    from orchestration.db import session_scope, utcnow
-    from orchestration.settings import get_settings
+    from orchestration.core.db import session_scope, utcnow
+    from orchestration.core.settings import get_settings
     from orchestration.surfaces.api import tokens
 
     url = get_settings().database_url

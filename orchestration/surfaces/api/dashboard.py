@@ -24,18 +24,18 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from orchestration import reruns
-from orchestration.errors import (
+from orchestration.core.errors import (
     ConflictError,
     IdempotencyConflict,
     OrchestrationError,
     RunNotFound,
     ValidationError,
 )
+from orchestration.core.states import RUN_TERMINAL, Health, RunStatus
 from orchestration.execution import approving
-from orchestration.records import RunRecord
+from orchestration.reads.records import RunRecord
+from orchestration.runs import reruns
 from orchestration.service import Orchestrator
-from orchestration.states import RUN_TERMINAL, Health, RunStatus
 from orchestration.surfaces.api import paging, timeline
 from orchestration.surfaces.api.auth import csrf_ok, csrf_value, dashboard_token, resolve
 from orchestration.surfaces.api.auth import orchestrator as app_orchestrator

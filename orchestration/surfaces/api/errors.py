@@ -1,6 +1,6 @@
 """Every HTTP error as ``{"error": {"code", "message", "field"}}`` with a stable code.
 
-The codes are the ``.code`` of :mod:`orchestration.errors`, plus a few that only HTTP has
+The codes are the ``.code`` of :mod:`orchestration.core.errors`, plus a few that only HTTP has
 (``unauthorized``, ``body_too_large``, ``method_not_allowed``, ``internal_error``). Clients
 branch on the code, never on the message.
 """
@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestration.errors import (
+from orchestration.core.errors import (
     ArtifactCorrupt,
     ArtifactNotFound,
     BrokerUnavailable,

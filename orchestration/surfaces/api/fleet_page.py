@@ -16,8 +16,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from orchestration import fleet
-from orchestration.followups import Done
+from orchestration.core.followups import Done
+from orchestration.reads import fleet
 from orchestration.runtime import broker_probe
 from orchestration.surfaces.api.dashboard import relative, render, signed_in_as, to_login
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestration import args_schema
-from orchestration.errors import ValidationError
+from orchestration.core.errors import ValidationError
+from orchestration.workflows import args_schema
 
 #: ``args_schema`` types a form field holds as text; the others are JSON.
 SCALARS = ("string", "integer", "number", "boolean")

@@ -12,11 +12,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from orchestration import definitions
-from orchestration.errors import IdempotencyConflict, ValidationError
+from orchestration.core.errors import IdempotencyConflict, ValidationError
 from orchestration.surfaces.api.auth import csrf_ok
 from orchestration.surfaces.api.dashboard import Signed, form_of, render, signed_in_as, to_login
 from orchestration.surfaces.api.launch_fields import FormField, field_of, fields_of, read
+from orchestration.workflows import registry as definitions
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 

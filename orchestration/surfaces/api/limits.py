@@ -13,7 +13,7 @@ import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestration.errors import ConfigurationError
+from orchestration.core.errors import ConfigurationError
 from orchestration.surfaces.api.errors import error_body
 
 #: Default limit on a request body (bytes). Launch args are also bounded by

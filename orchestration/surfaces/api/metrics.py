@@ -16,7 +16,7 @@ index:
   snapshot, so a prune committing between two reads cannot count a run twice or not at all);
 * the cancel-to-terminal histogram over cancelled runs (``ix_runs_cancel_latency``), kept
   and completed the same way;
-* live runs by status, health (:func:`~orchestration.health.expression`, in SQL)
+* live runs by status, health (:func:`~orchestration.core.health.expression`, in SQL)
   and past ``deadline_at``: one ``GROUP BY`` over the live rows only (``ix_runs_live``);
 
 plus the sweeper's age (its one-row table).
@@ -46,14 +46,14 @@ from prometheus_client.registry import Collector
 from sqlalchemy import ColumnElement, case, func, select, true, union_all
 from sqlalchemy.engine import make_url
 
-from orchestration import health as judgement
-from orchestration import summaries
-from orchestration.db import session_scope, utcnow
-from orchestration.models import Run
-from orchestration.run_totals import CANCEL_BUCKETS, NO_LATENCY, PrunedRuns, hour_of
+from orchestration.core import health as judgement
+from orchestration.core.db import session_scope, utcnow
+from orchestration.core.models import Run
+from orchestration.core.settings import Settings
+from orchestration.core.states import RUN_LIVE, RUN_TERMINAL, STOP_REASONS, Health, RunStatus
+from orchestration.reads import summaries
 from orchestration.runtime.liveness import sweeper_age
-from orchestration.settings import Settings
-from orchestration.states import RUN_LIVE, RUN_TERMINAL, STOP_REASONS, Health, RunStatus
+from orchestration.upkeep.pruned_counts import CANCEL_BUCKETS, NO_LATENCY, PrunedRuns, hour_of
 
 LOG = logging.getLogger(__name__)
 

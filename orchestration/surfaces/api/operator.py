@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from orchestration.records import RunRecord
+from orchestration.reads.records import RunRecord
 from orchestration.service import MAX_PAGE
 from orchestration.surfaces.api.auth import ApiOperator, Orch
 from orchestration.surfaces.api.runs import EventRecord, RunPage, page_of

@@ -1,6 +1,6 @@
 """Cursor pagination over ``Orchestrator.list``, which filters by status and health in SQL.
 
-Pages hold summaries (:class:`~orchestration.summaries.RunSummary`), never payloads. The
+Pages hold summaries (:class:`~orchestration.reads.summaries.RunSummary`), never payloads. The
 cursor is the last run returned; a client follows ``next_cursor`` until it is ``null``.
 
 ``Orchestrator.list`` pages with ``created_at < before``, which would skip runs sharing the
@@ -15,9 +15,9 @@ import binascii
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from orchestration.errors import ValidationError
+from orchestration.core.errors import ValidationError
+from orchestration.reads.summaries import RunSummary
 from orchestration.service import MAX_PAGE, Orchestrator
-from orchestration.summaries import RunSummary
 
 #: Most runs one request reads: a page, plus the runs of a boundary microsecond skipped.
 SCAN_LIMIT = 4 * MAX_PAGE

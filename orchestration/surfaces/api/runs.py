@@ -14,12 +14,12 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestration.claims import OnConflict
-from orchestration.errors import ValidationError
+from orchestration.core.errors import ValidationError
 from orchestration.execution import approving
-from orchestration.records import RunRecord
+from orchestration.reads.records import RunRecord
+from orchestration.reads.summaries import RunSummary
+from orchestration.runs.concurrency import OnConflict
 from orchestration.service import MAX_PAGE, Orchestrator
-from orchestration.summaries import RunSummary
 from orchestration.surfaces.api import paging
 from orchestration.surfaces.api.auth import ApiOwner, Orch
 

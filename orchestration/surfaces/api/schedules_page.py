@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from orchestration.errors import ValidationError
+from orchestration.core.errors import ValidationError
 from orchestration.surfaces.api.auth import csrf_ok
 from orchestration.surfaces.api.dashboard import form_of, render, signed_in_as, to_login
 

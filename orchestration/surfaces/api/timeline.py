@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from orchestration.records import RunRecord
-from orchestration.states import STEP_TERMINAL
+from orchestration.core.states import STEP_TERMINAL
+from orchestration.reads.records import RunRecord
 
 #: Geometry of the drawing (SVG user units).
 WIDTH, LABEL, ROW, BAR = 720, 120, 22, 14

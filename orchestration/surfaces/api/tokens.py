@@ -14,10 +14,10 @@ from datetime import datetime
 from sqlalchemy import Boolean, Index, String, false, inspect, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from orchestration.db import get_engine
-from orchestration.errors import DatabaseNotReady, ValidationError
-from orchestration.launching import check_name
-from orchestration.models import Base, UTCDateTime
+from orchestration.core.db import get_engine
+from orchestration.core.errors import DatabaseNotReady, ValidationError
+from orchestration.core.models import Base, UTCDateTime
+from orchestration.runs.launching import check_name
 from orchestration.runtime import readiness
 
 #: Every token starts with this, so a secret scanner can recognise one.

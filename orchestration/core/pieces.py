@@ -1,0 +1,120 @@
+"""How a decision's statements are sent: as one statement, or as a sequence in a transaction.
+
+A decision that writes more than one row (fence a step and stamp its run; claim a start;
+admit a launch and insert its rows) is written once, as :class:`Piece` s: each piece is one
+statement that writes or reads at most one row and returns it, and may run only when an
+earlier piece returned its row. :func:`send` is the only place that chooses how they go:
+
+* **together** (PostgreSQL): one statement, each piece a data-modifying CTE, a dependent
+  piece conditional on ``EXISTS`` of the one it follows. One statement is atomic by itself,
+  so it may be sent in autocommit: one round trip.
+* **in sequence** (SQLite, or PostgreSQL with ``ORCH_SINGLE_STATEMENT=false``): each piece
+  in turn, in the caller's transaction, a dependent piece skipped when the one it follows
+  returned nothing.
+
+The two forms write the same rows and return the same values: every piece's condition is in
+its own SQL, and no piece reads a row an earlier one wrote except through that condition.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import CTE, Executable, Select, exists, func, select
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import UpdateBase
+
+from orchestration.core.db import TOGETHER, postgresql_url
+from orchestration.core.settings import Settings
+
+
+@dataclass(frozen=True, eq=False)
+class Piece:
+    """One statement of a decision: an ``INSERT``/``UPDATE``/``DELETE … RETURNING`` or a
+    ``SELECT`` of at most one row; ``after`` names the piece whose row it needs."""
+
+    name: str
+    statement: UpdateBase | Select[Any]
+    after: str | None = None
+
+
+#: A piece's row by column name (``None``: it returned nothing, or did not run).
+Returned = dict[str, Any]
+
+
+def together(session: Session) -> bool:
+    """Whether :func:`send` sends this session's pieces as one statement: on PostgreSQL,
+    unless the session was opened with ``ORCH_SINGLE_STATEMENT`` off."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    return postgres and bool(session.info.get(TOGETHER, True))
+
+
+def send(
+    session: Session,
+    pieces: Sequence[Piece],
+    params: Mapping[str, Any],
+    *,
+    durable: bool = True,
+) -> dict[str, Returned | None]:
+    """Run ``pieces`` with ``params`` (shared by all of them); each piece's row.
+
+    Not ``durable``: sent together in autocommit, the statement commits without waiting for
+    its WAL to reach the disk (``synchronous_commit`` off for its own implicit transaction):
+    a server crash can lose it, never a later durable commit. Only for writes whose loss the
+    engine recovers by design (a poll's fence and stamp); a sequence is always durable."""
+    if len(pieces) > 1 and together(session):
+        row = session.execute(_composed(tuple(pieces), durable), dict(params)).one()
+        return _split(tuple(pieces), dict(row._mapping))
+    rows: dict[str, Returned | None] = {}
+    for piece in pieces:
+        if piece.after is not None and rows[piece.after] is None:
+            rows[piece.name] = None
+            continue
+        found = session.execute(piece.statement, dict(params)).first()
+        rows[piece.name] = None if found is None else dict(found._mapping)
+    return rows
+
+
+def one_statement(settings: Settings) -> bool:
+    """Whether sessions of ``settings``' database send pieces together, as one statement
+    that may go with no transaction around it (PostgreSQL, ``ORCH_SINGLE_STATEMENT``)."""
+    return settings.single_statement and postgresql_url(settings.database_url)
+
+
+@functools.lru_cache(maxsize=64)
+def _composed(pieces: tuple[Piece, ...], durable: bool) -> Executable:
+    """The pieces as one statement of CTEs; one row: each piece's columns (``NAME__COLUMN``)
+    and whether it returned a row (``NAME__``). Built once per tuple of pieces."""
+    ctes: dict[str, CTE] = {}
+    for piece in pieces:
+        statement: Any = piece.statement
+        if piece.after is not None:
+            statement = statement.where(exists(select(1).select_from(ctes[piece.after])))
+        ctes[piece.name] = statement.cte(piece.name)
+    columns = []
+    for name, cte in ctes.items():
+        columns.append(exists(select(1).select_from(cte)).label(f"{name}__"))
+        columns.extend(
+            select(column).scalar_subquery().label(f"{name}__{column.key}") for column in cte.c
+        )
+    if not durable:
+        columns.append(func.set_config("synchronous_commit", "off", True).label("commit_mode"))
+    return select(*columns).add_cte(*ctes.values())
+
+
+def _split(pieces: tuple[Piece, ...], row: Mapping[str, Any]) -> dict[str, Returned | None]:
+    rows: dict[str, Returned | None] = {}
+    for piece in pieces:
+        if not row[f"{piece.name}__"]:
+            rows[piece.name] = None
+            continue
+        prefix = f"{piece.name}__"
+        rows[piece.name] = {
+            key[len(prefix) :]: value
+            for key, value in row.items()
+            if key.startswith(prefix) and key != prefix
+        }
+    return rows

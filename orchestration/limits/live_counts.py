@@ -1,0 +1,48 @@
+"""The live runs of each owner and of all owners, counted by the database as they change.
+
+A launch is admitted only while the live runs, in all and of its owner, are under
+``ORCH_MAX_ACTIVE_RUNS`` and ``ORCH_MAX_ACTIVE_RUNS_PER_OWNER`` (:mod:`.admission`). Counting
+the live rows at each launch would cost what there is to count; here the counts are rows that
+triggers on ``runs`` keep (migration 0014), so a launch reads a fixed number of them. Every
+writer of a status, now or later, keeps them right without knowing of them. On PostgreSQL
+each count has up to :data:`SLOTS` rows, one per connection slot, so that concurrent
+transactions add to different rows (``docs/architecture.md`` says why they never deadlock);
+the counts are read in the statement's snapshot: the limits are admission control, not a
+lock. Branch runs are bounded by their step (``ORCH_MAX_BRANCHES``) and are not counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Integer, SmallInteger, String, func, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from orchestration.core.models import Base
+
+#: The owner of the rows that count every owner's live runs (no owner is empty: launch
+#: refuses one, ``launching.check_name``).
+TOTAL = ""
+#: Rows per count on PostgreSQL (see the module docstring).
+SLOTS = 16
+
+
+class LiveRunCount(Base):
+    """A part of ``owner``'s count of live top-level runs (of all owners', for
+    :data:`TOTAL`): the count is the sum of its slots."""
+
+    __tablename__ = "live_run_counts"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    slot: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    live: Mapped[int] = mapped_column(Integer)
+
+
+def count_of(owner: Any) -> Any:
+    """The live runs of ``owner`` (a value or a bound parameter; :data:`TOTAL` for all), as
+    a scalar subquery: at most :data:`SLOTS` rows read through the primary key."""
+    return (
+        select(func.coalesce(func.sum(LiveRunCount.live), 0))
+        .where(LiveRunCount.owner == owner)
+        .scalar_subquery()
+    )

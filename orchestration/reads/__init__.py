@@ -1,0 +1,1 @@
+"""What the surfaces show: a run's record, lists of summaries, explain, the fleet."""

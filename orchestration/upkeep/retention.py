@@ -1,0 +1,278 @@
+"""Retention: runs that ended before a cutoff are deleted with everything that belongs to them
+(steps, journal events, effects, checkpoints and branch runs), in bounded batches.
+
+Each batch is one transaction: it picks at most ``batch`` runs that ended before the cutoff,
+through the ``ix_runs_finished`` index, and deletes their rows, child tables first (so no
+foreign-key cascade is needed, on either database). A batch locks only the rows it deletes:
+terminal is final, so no writer waits for them, and a live run is never touched. A branch run
+goes with its parent (the parent's join reads it), and a run is kept while one of its branch
+runs, or a rerun of it, is live. Between batches the sweeper, the steps and ``/metrics`` carry on.
+
+The artifacts the deleted steps referenced go too, once no step of their owner references
+them and no store has stamped them since the cutoff (a live run storing the same bytes
+again keeps them); a file in ``ORCH_ARTIFACT_DIR`` goes after the commit, when no owner's
+row names it and it was not written since the cutoff. The deleted runs are added to
+``run_totals`` in the same transaction, so ``/metrics`` counters never go down.
+
+Then the ``schedule_fires`` rows recorded before the cutoff go, by their own age (a fire row
+may outlive its run, which the listing shows as pruned, or go before a run that ended later),
+``batch`` rows per transaction, walking the primary key so no batch reads a kept row twice.
+Two rows are kept whatever their age: the latest fire of each (owner, name), which is the
+schedule's cursor (without it the next pass would plan from the registration and record a
+flood of ``skipped`` fires), and the fire of a run still live, which ``overlap`` reads.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, exists, func, select, tuple_
+from sqlalchemy.orm import Session, aliased
+
+from orchestration.core.followups import Done, Transact
+from orchestration.core.models import Artifact, Checkpoint, Effect, Run, RunEvent, Step
+from orchestration.core.schedule_models import ScheduleFire
+from orchestration.core.states import RUN_LIVE, RUN_TERMINAL
+from orchestration.runs import artifacts
+from orchestration.upkeep import pruned_counts as run_totals
+
+#: Runs one batch deletes at most (with their branch runs).
+DEFAULT_BATCH = 500
+
+_TERMINAL = [status.value for status in RUN_TERMINAL]
+_LIVE = [status.value for status in RUN_LIVE]
+#: Every table that holds a run's rows, deleted in this order before the runs themselves.
+_CHILDREN = (RunEvent, Effect, Checkpoint, Step)
+
+
+def _prunable(cutoff: datetime) -> Any:
+    """The condition on ``runs``: ended before ``cutoff``, not a branch run, and neither a
+    live branch run nor a live rerun points at it."""
+    other = aliased(Run)
+    return (
+        Run.finished_at < cutoff,
+        Run.status.in_(_TERMINAL),
+        Run.parent_run_id.is_(None),
+        ~exists().where(other.parent_run_id == Run.id, other.status.in_(_LIVE)),
+        ~exists().where(other.rerun_of == Run.id, other.status.in_(_LIVE)),
+    )
+
+
+def _old_fires(cutoff: datetime) -> Any:
+    """The condition on ``schedule_fires``: recorded before ``cutoff``, a later fire of the
+    same schedule exists (the latest is the cursor), and its run, if any, is not live."""
+    later = aliased(ScheduleFire)
+    return (
+        ScheduleFire.recorded_at < cutoff,
+        exists().where(
+            later.owner == ScheduleFire.owner,
+            later.name == ScheduleFire.name,
+            later.fire_at > ScheduleFire.fire_at,
+        ),
+        ~exists().where(Run.id == ScheduleFire.run_id, Run.status.in_(_LIVE)),
+    )
+
+
+def count(session: Session, cutoff: datetime) -> dict[str, int]:
+    """What a prune at ``cutoff`` would delete (``--dry-run``)."""
+    ids = select(Run.id).where(*_prunable(cutoff))
+    branch_ids = select(Run.id).where(Run.parent_run_id.in_(ids))
+    every = ids.union_all(branch_ids).subquery()
+    counted = {
+        "runs": session.scalar(select(func.count()).select_from(ids.subquery())) or 0,
+        "branch_runs": session.scalar(select(func.count()).select_from(branch_ids.subquery())) or 0,
+    }
+    for model in _CHILDREN:
+        counted[model.__tablename__] = (
+            session.scalar(
+                select(func.count()).select_from(model).where(model.run_id.in_(select(every.c.id)))
+            )
+            or 0
+        )
+    kept = select(Step.output_sha256).join(Run, Run.id == Step.run_id)
+    referenced = (
+        select(Run.owner, Step.output_sha256)
+        .join(Run, Run.id == Step.run_id)
+        .where(Step.run_id.in_(select(every.c.id)), Step.output_sha256.is_not(None))
+        .distinct()
+        .subquery()
+    )
+    counted["artifacts"] = (
+        session.scalar(
+            select(func.count())
+            .select_from(referenced)
+            .where(
+                ~exists(
+                    kept.where(
+                        Run.owner == referenced.c.owner,
+                        Step.output_sha256 == referenced.c.output_sha256,
+                        Step.run_id.not_in(select(every.c.id)),
+                    )
+                ),
+                # As the delete: one stored again since the cutoff stays.
+                exists().where(
+                    Artifact.owner == referenced.c.owner,
+                    Artifact.sha256 == referenced.c.output_sha256,
+                    Artifact.used_at < cutoff,
+                ),
+            )
+        )
+        or 0
+    )
+    counted[ScheduleFire.__tablename__] = (
+        session.scalar(select(func.count()).select_from(ScheduleFire).where(*_old_fires(cutoff)))
+        or 0
+    )
+    return counted
+
+
+def _artifacts(session: Session, run_ids: list[str]) -> list[tuple[str, str]]:
+    """The ``(owner, sha256)`` the steps of ``run_ids`` reference."""
+    rows = session.execute(
+        select(Run.owner, Step.output_sha256)
+        .join(Run, Run.id == Step.run_id)
+        .where(Step.run_id.in_(run_ids), Step.output_sha256.is_not(None))
+        .distinct()
+    ).all()
+    return [(owner, str(sha256)) for owner, sha256 in rows]
+
+
+def _delete_unreferenced(
+    session: Session, cutoff: datetime, candidates: list[tuple[str, str]]
+) -> tuple[int, list[str]]:
+    """Delete the candidates no step of their owner references any more and no store stamped
+    since ``cutoff``, in one statement; the count, and the hashes no owner's row names now."""
+    deleted = 0
+    if candidates:
+        still = exists().where(
+            Step.output_sha256 == Artifact.sha256,
+            Step.run_id == Run.id,
+            Run.owner == Artifact.owner,
+        )
+        done = session.execute(
+            delete(Artifact)
+            .where(tuple_(Artifact.owner, Artifact.sha256).in_(candidates))
+            .where(Artifact.used_at < cutoff, ~still)
+            .execution_options(synchronize_session=False)
+        )
+        deleted = int(done.rowcount or 0)  # type: ignore[attr-defined]
+    hashes = sorted({sha256 for _, sha256 in candidates})
+    named = set(session.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(hashes))))
+    return deleted, [sha256 for sha256 in hashes if sha256 not in named]
+
+
+def _unlink(folder: str | None, hashes: list[str], cutoff: datetime) -> None:
+    """Remove the files of ``hashes`` not written since ``cutoff`` (a store touches its file)."""
+    if folder is None:
+        return
+    for sha256 in hashes:
+        path = artifacts.file_path(Path(folder), sha256)
+        try:
+            if path.stat().st_mtime < cutoff.timestamp():
+                os.unlink(path)
+        except FileNotFoundError:
+            continue
+
+
+def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, Any]:
+    """Delete at most ``batch`` prunable runs (oldest first), all their rows and the
+    artifacts nothing else references (``unnamed``: the hashes whose files may go)."""
+    ids = list(
+        session.scalars(
+            select(Run.id).where(*_prunable(cutoff)).order_by(Run.finished_at).limit(batch)
+        )
+    )
+    if not ids:
+        return {"runs": 0}
+    branch_ids = list(session.scalars(select(Run.id).where(Run.parent_run_id.in_(ids))))
+    every = ids + branch_ids
+    deleted: dict[str, Any] = {"runs": len(ids), "branch_runs": len(branch_ids)}
+    candidates = _artifacts(session, every)
+    for model in _CHILDREN:
+        done = session.execute(
+            delete(model)
+            .where(model.run_id.in_(every))
+            .execution_options(synchronize_session=False)
+        )
+        deleted[model.__tablename__] = int(done.rowcount or 0)  # type: ignore[attr-defined]
+    for chunk in (branch_ids, ids):  # a branch run's row points at its parent's
+        if chunk:
+            gone = session.execute(
+                delete(Run)
+                .where(Run.id.in_(chunk))
+                .returning(Run.status, Run.stop_reason, Run.finished_at, Run.cancel_requested_at)
+                .execution_options(synchronize_session=False)
+            ).all()
+            run_totals.keep(session, gone)
+    deleted["artifacts"], deleted["unnamed"] = _delete_unreferenced(session, cutoff, candidates)
+    return deleted
+
+
+def delete_fires(
+    session: Session, *, cutoff: datetime, batch: int, after: int
+) -> Done[tuple[int, int]]:
+    """Delete at most ``batch`` prunable fire rows whose key is over ``after``, lowest first:
+    how many, and the highest key deleted (where the next batch starts)."""
+    pks = list(
+        session.scalars(
+            select(ScheduleFire.pk)
+            .where(ScheduleFire.pk > after, *_old_fires(cutoff))
+            .order_by(ScheduleFire.pk)
+            .limit(batch)
+        )
+    )
+    if pks:
+        session.execute(
+            delete(ScheduleFire)
+            .where(ScheduleFire.pk.in_(pks))
+            .execution_options(synchronize_session=False)
+        )
+    return Done((len(pks), pks[-1] if pks else after))
+
+
+def _prune_fires(transact: Transact, cutoff: datetime, batch: int) -> tuple[int, int]:
+    """Delete the prunable fire rows, a batch per transaction: how many, in how many batches."""
+    deleted = batches = after = 0
+    while True:
+        rows, after = transact(partial(delete_fires, cutoff=cutoff, batch=batch, after=after))
+        if not rows:
+            return deleted, batches
+        deleted, batches = deleted + rows, batches + 1
+
+
+def prune(
+    transact: Transact,
+    *,
+    cutoff: datetime,
+    batch: int = DEFAULT_BATCH,
+    dry_run: bool = False,
+    artifact_dir: str | None = None,
+) -> dict[str, Any]:
+    """Delete every run that ended before ``cutoff`` in batches of ``batch`` runs, each batch
+    its own transaction (then the files in ``artifact_dir`` it left unnamed), then the fire
+    rows recorded before it but the kept ones, ``batch`` rows per transaction (``batches``
+    counts both); with ``dry_run``, count them and delete nothing."""
+    started = time.perf_counter()
+    report: dict[str, Any] = {"cutoff": cutoff.isoformat(), "dry_run": dry_run, "batches": 0}
+    if dry_run:
+        report.update(transact(lambda session: Done(count(session, cutoff))))
+    else:
+        totals: dict[str, int] = {}
+        while True:
+            deleted = transact(lambda session: Done(delete_batch(session, cutoff, batch)))
+            if not deleted["runs"]:
+                break
+            report["batches"] += 1
+            _unlink(artifact_dir, deleted.pop("unnamed"), cutoff)
+            for key, value in deleted.items():
+                totals[key] = totals.get(key, 0) + value
+        fires, fire_batches = _prune_fires(transact, cutoff, batch)
+        report["batches"] += fire_batches
+        report.update({"runs": 0, **totals, ScheduleFire.__tablename__: fires})
+    report["seconds"] = round(time.perf_counter() - started, 4)
+    return report
