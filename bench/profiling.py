@@ -37,8 +37,7 @@ from orchestration.core.db import utcnow
 from orchestration.core.models import Run
 from orchestration.core.settings import Settings
 from orchestration.execution import Poll, Proceed, Stepper
-from orchestration.runs import concurrency as claims
-from orchestration.runs import launching
+from orchestration.runs import concurrency, launching
 from orchestration.runs.chains import SEGMENT_LINKS
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
@@ -49,7 +48,7 @@ def _launch(settings: Settings, flow: dict[str, Any]) -> str:
     return launching.launch(
         Executor(settings, None), settings, flow, None, owner="bench-profile",
         request_id=uuid.uuid4().hex, concurrency_key=None,
-        on_conflict=claims.OnConflict.REJECT, now=utcnow(),
+        on_conflict=concurrency.OnConflict.REJECT, now=utcnow(),
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from orchestration.core.followups import Done, Transact
 from orchestration.core.settings import Settings
 from orchestration.upkeep import schedules
-from orchestration.workflows import registry as definitions
+from orchestration.workflows import registry
 
 
 class RegisteredWorkflows:
@@ -21,13 +21,13 @@ class RegisteredWorkflows:
     transact: Transact
     clock: Callable[[], datetime]
 
-    def workflows(self, *, owner: str) -> list[definitions.Definition]:
+    def workflows(self, *, owner: str) -> list[registry.Definition]:
         """The owner's registered definitions and the published ones, newest first."""
-        return self.transact(lambda session: Done(definitions.listed(session, owner)))
+        return self.transact(lambda session: Done(registry.listed(session, owner)))
 
-    def workflow(self, ref: str, *, owner: str) -> definitions.Definition:
+    def workflow(self, ref: str, *, owner: str) -> registry.Definition:
         """The definition ``ref`` (``name`` or ``name@version``) names for ``owner``."""
-        return self.transact(lambda session: Done(definitions.resolve(session, owner, ref)))
+        return self.transact(lambda session: Done(registry.resolve(session, owner, ref)))
 
     def schedules(self, *, owner: str) -> list[dict[str, Any]]:
         """The owner's schedules by name: the next fire times (none while paused: a paused
@@ -39,13 +39,13 @@ class RegisteredWorkflows:
 
     def register_workflow(
         self, data: Any, *, owner: str, shared: bool = False
-    ) -> tuple[definitions.Definition, bool]:
+    ) -> tuple[registry.Definition, bool]:
         """Store ``data`` as the next version of its name (the same content: the version it
         already is), and whether it is new. Raises :class:`ValidationError` naming the field."""
         now = self.clock()
         return self.transact(
             lambda session: Done(
-                definitions.register(session, self.settings, owner, data, now, shared=shared)
+                registry.register(session, self.settings, owner, data, now, shared=shared)
             )
         )
 

@@ -29,13 +29,11 @@ from orchestration.core.settings import Settings, get_settings
 from orchestration.core.states import RUN_TERMINAL, RunStatus, StopReason
 from orchestration.execution import approving
 from orchestration.observability import context, tracing
-from orchestration.reads import owned as run_reads
-from orchestration.reads import summaries
+from orchestration.reads import owned, summaries
 from orchestration.reads.records import RunRecord, to_record
 from orchestration.reads.summaries import RunSummary
 from orchestration.registered import RegisteredWorkflows
-from orchestration.runs import answers, artifacts, cancellation, launching, reruns
-from orchestration.runs import concurrency as claims
+from orchestration.runs import answers, artifacts, cancellation, concurrency, launching, reruns
 from orchestration.runtime import readiness
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.executor import Executor, TaskQueue, Unsent
@@ -159,7 +157,7 @@ class Orchestrator(RegisteredWorkflows):
 
     def events(self, run_id: str, *, owner: str) -> builtins.list[dict[str, Any]]:
         """The run's journal, oldest first."""
-        return self.transact(lambda session: Done(run_reads.journal(session, run_id, owner)))
+        return self.transact(lambda session: Done(owned.journal(session, run_id, owner)))
 
     def output(self, run_id: str, step_id: str, *, owner: str) -> artifacts.Output:
         """A step's output, inline or as its verified artifact (see :meth:`artifact_bytes`).
@@ -167,7 +165,7 @@ class Orchestrator(RegisteredWorkflows):
         :class:`~orchestration.core.errors.ArtifactCorrupt` when the stored bytes changed."""
 
         def read(session: Session) -> Done[artifacts.Output]:
-            run = run_reads.owned(session, run_id, owner)
+            run = owned.owned(session, run_id, owner)
             step = session.scalars(
                 select(Step).where(Step.run_id == run.id, Step.step_id == step_id)
             ).first()
@@ -208,10 +206,10 @@ class Orchestrator(RegisteredWorkflows):
         the same request_id returns it.
         """
         try:
-            policy = claims.OnConflict(on_conflict)
+            policy = concurrency.OnConflict(on_conflict)
         except ValueError:
             raise ValidationError(
-                "on_conflict", f"must be one of {[p.value for p in claims.OnConflict]}"
+                "on_conflict", f"must be one of {[p.value for p in concurrency.OnConflict]}"
             ) from None
         started, now, unsent = time.time_ns(), self.clock(), list[Unsent]()
         record = launching.launch_then(
@@ -253,7 +251,7 @@ class Orchestrator(RegisteredWorkflows):
             owner=owner,
             request_id=request_id,
             concurrency_key=source.concurrency_key,
-            on_conflict=claims.OnConflict(source.on_conflict or "reject"),
+            on_conflict=concurrency.OnConflict(source.on_conflict or "reject"),
             now=now,
             read=self._launched,
             reuse=reuse,
@@ -287,7 +285,7 @@ class Orchestrator(RegisteredWorkflows):
     ) -> Cancellation:
         """:meth:`cancel`, saying also whether it changed anything (``False``: the run had
         already ended, and nothing was cancelled)."""
-        self.transact(lambda session: Done(run_reads.owned(session, run_id, owner)))
+        self.transact(lambda session: Done(owned.owned(session, run_id, owner)))
         with context.acting(run_id, "run.cancel", owner=owner, graceful=graceful):
             requested = cancellation.request(
                 self.transact,
@@ -328,7 +326,7 @@ class Orchestrator(RegisteredWorkflows):
         now = self.clock()
         self.transact(
             lambda session: answers.resume(
-                session, self.settings, run_reads.owned(session, run_id, owner), step_id, value, now
+                session, self.settings, owned.owned(session, run_id, owner), step_id, value, now
             )
         )
         return self.get(run_id, owner=owner)
@@ -351,7 +349,7 @@ class Orchestrator(RegisteredWorkflows):
         now = self.clock()
 
         def decide(session: Session) -> Done[None]:
-            run_reads.owned(session, run_id, owner)
+            owned.owned(session, run_id, owner)
             then = approving.decide(
                 session, self.settings, run_id, step_id,
                 approve=approve, comment=comment, by=owner, now=now,
@@ -366,14 +364,14 @@ class Orchestrator(RegisteredWorkflows):
         """The record of the run a launch found (read) or wrote (from the rows it wrote)."""
         now = self.clock()
         if written.steps is None:
-            return run_reads.record(session, self.settings, written.run, now)
+            return owned.record(session, self.settings, written.run, now)
         assert written.health is not None
         return to_record(self.settings, written.run, written.steps, now, health=written.health)
 
     def _read(self, session: Session, run_id: str, owner: str) -> RunRecord:
         """The record of the owner's run now. Raises :class:`RunNotFound`."""
-        run = run_reads.owned(session, run_id, owner)
-        return run_reads.record(session, self.settings, run, self.clock())
+        run = owned.owned(session, run_id, owner)
+        return owned.record(session, self.settings, run, self.clock())
 
 
 def _sent(record: RunRecord, unsent: builtins.list[Unsent]) -> RunRecord:

@@ -31,14 +31,13 @@ from bench.counting import Counts
 from bench.stack import claim_redis, make_stack, release_redis, remove_tree
 from orchestration.core.db import utcnow
 from orchestration.core.settings import Settings
-from orchestration.runs import concurrency as claims
-from orchestration.runs import launching
+from orchestration.runs import concurrency, launching
 
 
 def _launch(settings: Settings, flow: dict[str, Any]) -> str:
     return launching.launch(  # type: ignore[call-arg]
         settings, None, flow, None, owner="bench-profile", request_id=uuid.uuid4().hex,
-        concurrency_key=None, on_conflict=claims.OnConflict.REJECT, now=utcnow(),
+        concurrency_key=None, on_conflict=concurrency.OnConflict.REJECT, now=utcnow(),
     )  # fmt: skip
 
 

@@ -1,6 +1,8 @@
-"""SQLAlchemy 2 models: runs, steps, the run event journal, the effects outbox, artifacts,
-and the sweeper's liveness row. The Alembic migration in ``orchestration/migrations``
-creates exactly these (a test compares them)."""
+"""Every table, as SQLAlchemy 2 models: runs, steps, the journal, the effects outbox,
+checkpoints, artifacts, registered definitions, schedule fires and pauses, API tokens, the
+sweeper's liveness row, the fleet's samples, pruned runs' counts and live runs' counts. The
+Alembic migrations in ``orchestration/migrations`` create exactly these (a test compares
+them)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,19 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -383,3 +389,107 @@ class SweeperBeat(Base):
     last_pass_seconds: Mapped[float] = mapped_column()
     last_report: Mapped[dict[str, Any]] = mapped_column(JSONType)
     passes: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ApiToken(Base):
+    """One token: who it acts as, a label, and when it stopped working."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (Index("ix_api_tokens_owner", "owner"),)
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    #: An operator's token: reads and cancels every owner's runs on ``/operator``, acts as
+    #: no owner (``owner`` is ``""``, which no owner can be) and is named in every journal row
+    #: it writes.
+    operator: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
+class FleetSample(Base):
+    """What one source saw of one series over one period (a minute, or one sweep pass)."""
+
+    __tablename__ = "fleet_samples"
+    __table_args__ = (Index("ix_fleet_samples_at", "at"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    series: Mapped[str] = mapped_column(String(40))
+    #: Who measured: ``host:pid`` for a worker process, the sweeper's name for a pass.
+    source: Mapped[str] = mapped_column(String(200))
+    #: The start of the period (a minute's first instant, or the pass's time).
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    count: Mapped[int] = mapped_column(Integer)
+    total: Mapped[float] = mapped_column(Float)
+    largest: Mapped[float] = mapped_column(Float)
+    #: Counts per bucket of :data:`orchestration.upkeep.fleet_series.BUCKETS`, the unbounded
+    #: one last.
+    buckets: Mapped[Any] = mapped_column(JSONType)
+
+
+class PrunedRuns(Base):
+    """Runs a prune deleted that finished in ``hour`` with this status, stop reason and
+    cancel-latency bucket."""
+
+    __tablename__ = "pruned_runs"
+
+    hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    status: Mapped[str] = mapped_column(String(32), primary_key=True)
+    stop_reason: Mapped[str] = mapped_column(String(40), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    #: The summed cancel latency of these runs (0 for :data:`NO_LATENCY`).
+    latency_seconds: Mapped[float] = mapped_column(Float)
+
+
+class LiveRunCount(Base):
+    """A part of ``owner``'s count of live top-level runs (of all owners', for
+    :data:`TOTAL`): the count is the sum of its slots."""
+
+    __tablename__ = "live_run_counts"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    slot: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    live: Mapped[int] = mapped_column(Integer)
+
+
+class FireStatus(StrEnum):
+    """What became of one fire."""
+
+    #: A run was launched (``run_id``).
+    LAUNCHED = "launched"
+    #: Not launched: older than the catch-up window, or ``overlap: skip`` met a live run.
+    SKIPPED = "skipped"
+    #: The launch was refused (``reason``: the error, e.g. a limit); not retried.
+    FAILED = "failed"
+
+
+class ScheduleFire(Base):
+    """One fire of the schedule of an owner's definition ``name``, recorded once."""
+
+    __tablename__ = "schedule_fires"
+    #: Also the index of "the latest fire of a schedule" (the pass's cursor).
+    __table_args__ = (UniqueConstraint("owner", "name", "fire_at", name="uq_schedule_fires_fire"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(200))
+    #: The definition version the fire launched (or would have).
+    version: Mapped[int] = mapped_column(Integer)
+    fire_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    status: Mapped[str] = mapped_column(String(16))
+    request_id: Mapped[str] = mapped_column(String(200))
+    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class SchedulePause(Base):
+    """A paused schedule: while the row exists its fires are neither recorded nor launched."""
+
+    __tablename__ = "schedule_pauses"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    paused_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -25,7 +25,7 @@ from orchestration.execution import finishing, parking
 from orchestration.execution.outcomes import Halt, Outcome
 from orchestration.runs import artifacts, closing, effects
 from orchestration.runs.transitions import lock_run, touch_step, transition_step
-from orchestration.workflows import decoded as specs
+from orchestration.workflows import decoded
 from orchestration.workflows.steps import OnExpiry, StepSpec
 
 _SETTLED = effects.Progress(settled=True, exhausted=[], next_due=None)
@@ -96,7 +96,7 @@ def expire(session: Session, settings: Settings, run_id: str, now: datetime) -> 
     step = session.scalars(
         select(Step).where(Step.run_id == run.id, Step.index == run.current_step)
     ).one()
-    spec = specs.of_run(session, run.id)[step.index]
+    spec = decoded.of_run(session, run.id)[step.index]
     assert spec.approval is not None
     on = spec.approval.on_expiry
     return _settle(
@@ -115,7 +115,7 @@ def _parked(session: Session, run_id: str, step_id: str, now: datetime) -> tuple
     ).first()
     if step is None:
         raise ValidationError("step", f"run {run_id} has no step {step_id!r}")
-    spec = specs.of_run(session, run_id)[step.index]
+    spec = decoded.of_run(session, run_id)[step.index]
     if spec.approval is None:
         raise ValidationError("step", f"step {step_id!r} is not an approval step")
     locked = lock_run(session, run_id, now)
@@ -154,7 +154,7 @@ def _settle(
         parking.unpark(session, run, step, now)
         return finishing.complete(
             session, settings, run, step, artifacts.Kept(output), _SETTLED, now,
-            steps=len(specs.of_run(session, run.id)), chained=False,
+            steps=len(decoded.of_run(session, run.id)), chained=False,
             values={"output": output, "prompt": None},
         ).then  # fmt: skip
     touch_step(session, step, now, output=output)

@@ -27,10 +27,8 @@ from orchestration.core.settings import Settings
 from orchestration.core.states import ClaimState, RunStatus, StepStatus, StopReason
 from orchestration.runs import artifacts, chains
 from orchestration.runs.new_rows import new_step
-from orchestration.workflows import decoded as specs
-from orchestration.workflows import parsing as workflows
+from orchestration.workflows import decoded, parsing, templates
 from orchestration.workflows import steps as step_specs
-from orchestration.workflows import templates as templating
 from orchestration.workflows.steps import StepSpec
 
 #: A ``parallel`` branch has no item.
@@ -75,7 +73,7 @@ def branch(parent: Run, spec: StepSpec, index: int, key: str, step: StepSpec, it
         key,
         step,
         definition,
-        workflows.fingerprint(definition, parent.args, {"branch": index}),
+        parsing.fingerprint(definition, parent.args, {"branch": index}),
         None if item is NO_ITEM else {"item": item, "index": index},
     )
 
@@ -129,7 +127,7 @@ def same(
     template = made.spec.task if made.spec.approval is None else made.spec.approval.prompt
     field = "task" if made.spec.approval is None else "prompt"
     try:
-        rendered = templating.render(
+        rendered = templates.render(
             template,
             {**context, **(made.context or {})},
             field,
@@ -187,7 +185,7 @@ def write(
     session.add(run)
     only = made.definition["steps"][0]
     session.add(new_step(run.id, 0, only, now, task_id=plan.links[0].task_id if plan else None))
-    specs.remember(run.id, (made.spec,))
+    decoded.remember(run.id, (made.spec,))
     return plan
 
 

@@ -52,9 +52,7 @@ from orchestration.execution.rows import fail
 from orchestration.limits import bounds
 from orchestration.runs import artifacts, chains, closing, effects
 from orchestration.runs.transitions import lock_run, touch_run, transition_run, transition_step
-from orchestration.workflows import decoded as specs
-from orchestration.workflows import parsing as workflows
-from orchestration.workflows import templates as templating
+from orchestration.workflows import decoded, parsing, templates
 from orchestration.workflows.steps import StepSpec
 
 _SETTLED = effects.Progress(settled=True, exhausted=[], next_due=None)
@@ -149,8 +147,8 @@ def _branches(
         return [(branch.id, branch, branch_runs.NO_ITEM) for branch in spec.parallel.steps]
     assert spec.step is not None
     field = f"steps.{spec.id}.for_each"
-    items = workflows.items_of(
-        templating.render(spec.for_each, context, field, limit=settings.max_output_bytes),
+    items = parsing.items_of(
+        templates.render(spec.for_each, context, field, limit=settings.max_output_bytes),
         field,
         settings,
     )
@@ -180,7 +178,7 @@ def settle(
     ).first()
     if not waiting_here or step is None or step.status != StepStatus.PARKED:
         return Done(False)
-    spec = specs.of_run(session, run_id)[index]
+    spec = decoded.of_run(session, run_id)[index]
     branches = of_step(session, run_id, index)
     live = [branch for branch in branches if branch.status not in RUN_TERMINAL]
     failed = [b for b in branches if b.status in RUN_TERMINAL and b.status != RunStatus.COMPLETED]
@@ -227,7 +225,7 @@ def listed(session: Session, run_id: str) -> dict[int, list[dict[str, Any]]]:
     """The branches of each branching step of ``run_id`` that has made any, as its record
     lists them."""
     listed: dict[int, list[dict[str, Any]]] = {}
-    for index, spec in enumerate(specs.of_run(session, run_id)):
+    for index, spec in enumerate(decoded.of_run(session, run_id)):
         rows = of_step(session, run_id, index) if spec.branching else []
         if rows:
             listed[index] = [
@@ -272,7 +270,7 @@ def _join(
     parking.unpark(session, run, step, now)
     return finishing.complete(
         session, settings, run, step, kept, _SETTLED, now,
-        steps=len(specs.of_run(session, run.id)), chained=False,
+        steps=len(decoded.of_run(session, run.id)), chained=False,
         values={"output": kept.value, "output_sha256": kept.sha256},
     ).then  # fmt: skip
 

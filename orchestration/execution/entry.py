@@ -23,7 +23,7 @@ from orchestration.core.states import RUN_TERMINAL, STEP_LIVE, RunStatus, StepSt
 from orchestration.execution import fence
 from orchestration.execution.fence import Phase, Refusal
 from orchestration.execution.outcomes import Halt
-from orchestration.workflows import decoded as specs
+from orchestration.workflows import decoded
 from orchestration.workflows.steps import StepSpec
 
 __all__ = ["Entry", "Phase", "StepRow", "enter", "stamp"]
@@ -123,7 +123,7 @@ def enter(
     if fenced is None:
         return why_not(session, run_id, index)
     step = StepRow.of(fenced, run_id, index)
-    spec = specs.of_run(session, run_id)[index]
+    spec = decoded.of_run(session, run_id)[index]
     if stamped is None:
         return Entry(Phase.START, tick + 1, step, spec, RunStatus.RUNNING, stamped=False)
     return Entry(Phase(stamped["phase"]), tick + 1, step, spec, RunStatus.RUNNING)

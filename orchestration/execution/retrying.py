@@ -27,8 +27,7 @@ from orchestration.execution.parking import leave_park
 from orchestration.execution.rows import fail
 from orchestration.limits import bounds
 from orchestration.providers.base import TurnRef
-from orchestration.runs import new_rows as new_runs
-from orchestration.runs import turns
+from orchestration.runs import new_rows, turns
 from orchestration.runs.transitions import transition_step
 from orchestration.workflows.steps import StepSpec
 
@@ -86,7 +85,7 @@ def next_attempt(
         now=now,
         values={
             "attempt": attempt,
-            "idempotency_key": new_runs.idempotency_key(run.id, step.step_id, attempt),
+            "idempotency_key": new_rows.idempotency_key(run.id, step.step_id, attempt),
             "provider_run_id": None,
             "started_at": None,
             "start_claimed_at": None,

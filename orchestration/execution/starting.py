@@ -35,7 +35,7 @@ from orchestration.execution.rows import fail
 from orchestration.providers.base import TurnRequest
 from orchestration.runs import artifacts, turns
 from orchestration.runs.transitions import transition_run
-from orchestration.workflows import templates as templating
+from orchestration.workflows import templates
 from orchestration.workflows.steps import StepSpec
 
 
@@ -120,7 +120,7 @@ def _render(
         template = [entry.spec.for_each, *map(_template, _branch_steps(entry.spec))]
     context: dict[str, Any] = {"args": {}, "steps": {}}
     try:
-        if entry.spec.branching or templating.has_placeholders(template):
+        if entry.spec.branching or templates.has_placeholders(template):
             context = _context(session, settings, run_id, template)
     except (ArtifactCorrupt, ArtifactNotFound) as exc:
         # An earlier output this template reads cannot be read back: nothing can be rendered.
@@ -132,7 +132,7 @@ def _render(
         return branching.expand(session, settings, run_id, entry, context, now)
     try:
         return _Rendered(
-            templating.render(template, context, field, limit=settings.max_rendered_task_bytes)
+            templates.render(template, context, field, limit=settings.max_rendered_task_bytes)
         )
     except LimitExceeded as exc:
         return Done(
@@ -194,10 +194,10 @@ def start_call(
 def plain_task(settings: Settings, spec: StepSpec) -> Any:
     """A turn step's task rendered without reading the run (it names no data), or ``None``
     when rendering needs the run or fails (the full claim renders it, and fails the run)."""
-    if spec.approval is not None or spec.branching or templating.has_placeholders(spec.task):
+    if spec.approval is not None or spec.branching or templates.has_placeholders(spec.task):
         return None
     try:
-        return templating.render(
+        return templates.render(
             spec.task, {"args": {}, "steps": {}}, "task", limit=settings.max_rendered_task_bytes
         )
     except (LimitExceeded, ValidationError):
@@ -229,7 +229,7 @@ def _context(session: Session, settings: Settings, run_id: str, template: Any) -
             Step.status == StepStatus.COMPLETED.value,
         )
     ).all()
-    named = templating.named_steps(template)
+    named = templates.named_steps(template)
     outputs = {
         row.step_id: artifacts.resolved(session, settings, owner, row)
         if row.step_id in named

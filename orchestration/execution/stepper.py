@@ -47,7 +47,7 @@ from orchestration.providers import budget
 from orchestration.providers.base import FINISHED, TurnRef, TurnStatus
 from orchestration.runs import artifacts, cancellation, effects
 from orchestration.runs.transitions import touch_step
-from orchestration.workflows import decoded as specs
+from orchestration.workflows import decoded
 
 
 class Stepper:
@@ -146,7 +146,7 @@ class Stepper:
         """The entry, with the start's claim when this first delivery's task renders without
         the run's data; ``None`` when ``quick`` and only a transaction can take it (a first
         delivery that renders from the run's data)."""
-        steps = specs.of_run(session, run_id)
+        steps = decoded.of_run(session, run_id)
         # A run with no such step (gone, purged) fences nothing: the entry halts.
         rendered = (
             plain_task(self.settings, steps[index]) if not tick and index < len(steps) else None
@@ -271,7 +271,7 @@ class Stepper:
                     observed.output,
                     now,
                     captured=captured,
-                    steps=len(specs.of_run(session, run_id)),
+                    steps=len(decoded.of_run(session, run_id)),
                     chained=chained,
                     recorded=recorded,
                 )
@@ -343,7 +343,7 @@ class Stepper:
                 observed,
                 now,
                 captured=captured,
-                steps=len(specs.of_run(session, run_id)),
+                steps=len(decoded.of_run(session, run_id)),
                 chained=chained,
             )
 
@@ -376,7 +376,7 @@ class Stepper:
                 artifacts.Kept(step.output, step.output_sha256),
                 progress,
                 now,
-                steps=len(specs.of_run(session, run_id)),
+                steps=len(decoded.of_run(session, run_id)),
                 chained=chained,
             )
 

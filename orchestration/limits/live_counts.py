@@ -15,27 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, SmallInteger, String, func, select
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import func, select
 
-from orchestration.core.models import Base
+from orchestration.core.models import LiveRunCount
 
 #: The owner of the rows that count every owner's live runs (no owner is empty: launch
 #: refuses one, ``launching.check_name``).
 TOTAL = ""
 #: Rows per count on PostgreSQL (see the module docstring).
 SLOTS = 16
-
-
-class LiveRunCount(Base):
-    """A part of ``owner``'s count of live top-level runs (of all owners', for
-    :data:`TOTAL`): the count is the sum of its slots."""
-
-    __tablename__ = "live_run_counts"
-
-    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
-    slot: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
-    live: Mapped[int] = mapped_column(Integer)
 
 
 def count_of(owner: Any) -> Any:

@@ -13,8 +13,7 @@ from orchestration.core.followups import Done
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import ParkReason, RunStatus, StepStatus
-from orchestration.runs import chains
-from orchestration.runs import new_rows as new_runs
+from orchestration.runs import chains, new_rows
 from orchestration.runs.transitions import touch_run, transition_run, transition_step
 
 
@@ -57,7 +56,7 @@ def resume(
             "answer": value,
             "prompt": None,
             "provider_run_id": None,
-            "idempotency_key": new_runs.idempotency_key(run_id, step_id, attempt),
+            "idempotency_key": new_rows.idempotency_key(run_id, step_id, attempt),
             "started_at": now,
             "error": None,
         },

@@ -26,7 +26,7 @@ from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import STEP_LIVE, RunStatus
 from orchestration.runs.transitions import touch_run
-from orchestration.workflows import decoded as specs
+from orchestration.workflows import decoded
 
 #: Most step tasks one chain message carries (itself and the links after it).
 SEGMENT_LINKS = 2
@@ -112,7 +112,7 @@ def arm(
     if row is None or row.first_index is None:
         return Followups()
     start, polls = row.first_index, row.first_polls
-    steps = specs.of_run(session, run.id)
+    steps = decoded.of_run(session, run.id)
     plan = plan_chain(run.id, start, len(steps), polls)
     values: dict[str, Any] = {
         "task_ids": [*row.task_ids, *plan.task_ids],

@@ -34,10 +34,9 @@ from orchestration.core.states import (
     StopReason,
     TurnStopStatus,
 )
-from orchestration.runs import chains, turns
-from orchestration.runs import concurrency as claims
+from orchestration.runs import chains, concurrency, turns
 from orchestration.runs.transitions import lock_run, transition_run, transition_step
-from orchestration.workflows import decoded as specs
+from orchestration.workflows import decoded
 
 _NOT_STARTED = {RunStatus.CANCELLED: StepStatus.CANCELLED}
 
@@ -140,7 +139,7 @@ def end_run(
 def live_branches(session: Session, run_id: str) -> tuple[str, ...]:
     """The branch runs still live under ``run_id``, in branch order (only a run with a
     branching step can have any; its specs are cached, so other runs pay no query)."""
-    if not any(spec.branching for spec in specs.of_run(session, run_id)):
+    if not any(spec.branching for spec in decoded.of_run(session, run_id)):
         return ()
     return tuple(
         session.scalars(
@@ -154,7 +153,7 @@ def live_branches(session: Session, run_id: str) -> tuple[str, ...]:
 def _promote(session: Session, settings: Settings, run: Run, now: datetime) -> Followups:
     """The holder ended: pass its key to the oldest queued run (its chain sent after commit)."""
     assert run.concurrency_key is not None
-    waiting = claims.first_queued(session, run.owner, run.concurrency_key, lock=True)
-    if waiting is None or claims.holder(session, run.owner, run.concurrency_key) is not None:
+    waiting = concurrency.first_queued(session, run.owner, run.concurrency_key, lock=True)
+    if waiting is None or concurrency.holder(session, run.owner, run.concurrency_key) is not None:
         return Followups()
     return chains.arm(session, settings, waiting, now=now, claim=ClaimState.HOLDING)

@@ -7,7 +7,7 @@ its steps in one multi-row insert, the journal); on PostgreSQL, a launch that fi
 (:func:`orchestration.runs.launch_statement.fits`) is first tried as one statement with no
 transaction.
 The record it returns is built from the rows it wrote (``Written``).
-A launch onto a held concurrency key ends the holder it ousts (``claims.decide``) through
+A launch onto a held concurrency key ends the holder it ousts (``concurrency.decide``) through
 ``closing.end_run`` in the same transaction.
 """
 
@@ -31,13 +31,8 @@ from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import Health
 from orchestration.limits import admission
-from orchestration.runs import artifacts, closing
-from orchestration.runs import concurrency as claims
-from orchestration.runs import launch_statement as launch_once
-from orchestration.runs import new_rows as new_runs
-from orchestration.workflows import decoded as specs
-from orchestration.workflows import parsing as workflows
-from orchestration.workflows import registry as definitions
+from orchestration.runs import artifacts, closing, concurrency, launch_statement, new_rows
+from orchestration.workflows import decoded, parsing, registry
 
 T = TypeVar("T")
 
@@ -89,7 +84,7 @@ def launch(
     owner: str,
     request_id: str | None,
     concurrency_key: str | None,
-    on_conflict: claims.OnConflict,
+    on_conflict: concurrency.OnConflict,
     now: datetime,
 ) -> str:
     """Validate and write the run; return its id. See ``service.Orchestrator.launch``."""
@@ -117,10 +112,10 @@ def launch_then(
     owner: str,
     request_id: str | None,
     concurrency_key: str | None,
-    on_conflict: claims.OnConflict,
+    on_conflict: concurrency.OnConflict,
     now: datetime,
     read: Callable[[Session, Written], T],
-    reuse: new_runs.Reuse | None = None,
+    reuse: new_rows.Reuse | None = None,
     version: int | None = None,
     once: bool = False,
 ) -> T:
@@ -136,18 +131,18 @@ def launch_then(
     check_name("owner", owner)
     if isinstance(workflow, str):
         named = workflow
-        found = transact(lambda session: Done(definitions.resolve(session, owner, named)))
+        found = transact(lambda session: Done(registry.resolve(session, owner, named)))
         workflow, version = found.definition, found.version
     if request_id is not None:
         check_name("request_id", request_id)
     if concurrency_key is not None:
         check_name("concurrency_key", concurrency_key)
-    clean_args = workflows.check_args({} if args is None else args, settings)
-    spec = workflows.parse(workflow, settings, args=clean_args)
+    clean_args = parsing.check_args({} if args is None else args, settings)
+    spec = parsing.parse(workflow, settings, args=clean_args)
     definition = spec.as_dict()
     # The whole request is fingerprinted: the same request_id with another workflow, args,
     # concurrency key or conflict policy is a different request, hence a conflict.
-    print_ = workflows.fingerprint(
+    print_ = parsing.fingerprint(
         definition,
         clean_args,
         extra={
@@ -156,7 +151,7 @@ def launch_then(
             **({"rerun_of": reuse.rerun_of, "from": reuse.first} if reuse else {}),
         },
     )
-    request = new_runs.NewRun(
+    request = new_rows.NewRun(
         definition=definition,
         args=clean_args,
         fingerprint=print_,
@@ -169,7 +164,7 @@ def launch_then(
         reuse=reuse,
         version=version,
     )
-    if once and launch_once.fits(settings, request):
+    if once and launch_statement.fits(settings, request):
         made = transact(
             lambda session: _write_once(session, settings, request, read), autocommit=True
         )
@@ -188,28 +183,28 @@ def launch_then(
 def _write_once(
     session: Session,
     settings: Settings,
-    request: new_runs.NewRun,
+    request: new_rows.NewRun,
     read: Callable[[Session, Written], T],
 ) -> Done[tuple[T] | None]:
     """The launch as one statement (:mod:`orchestration.runs.launch_statement`), or the run its
     request id already names; ``None`` when it wrote nothing and found nothing, and the full
     transaction must decide."""
-    run, rows, plan = new_runs.rows(settings, request, None)
+    run, rows, plan = new_rows.rows(settings, request, None)
     assert plan is not None
-    columns = [launch_once.set_columns(row) for row in rows]
-    did = launch_once.write(session, settings, launch_once.set_columns(run), columns)
+    columns = [launch_statement.set_columns(row) for row in rows]
+    did = launch_statement.write(session, settings, launch_statement.set_columns(run), columns)
     if did.found is not None:
         return Done((_replay(session, request, did.found, did.fingerprint, read),))
     if not did.made:
         return Done(None)
     written = read(session, Written(run, rows, did.health))
-    specs.remember(run.id, request.steps)
+    decoded.remember(run.id, request.steps)
     return Done((written,), Followups(chains=(plan,)))
 
 
 def _replay(
     session: Session,
-    request: new_runs.NewRun,
+    request: new_rows.NewRun,
     found: str,
     fingerprint: str | None,
     read: Callable[[Session, Written], T],
@@ -226,7 +221,7 @@ def _replay(
 def _write(
     session: Session,
     settings: Settings,
-    request: new_runs.NewRun,
+    request: new_rows.NewRun,
     read: Callable[[Session, Written], T],
 ) -> Done[T]:
     owner, now, reuse = request.owner, request.now, request.reuse
@@ -242,7 +237,7 @@ def _write(
     then = Followups()
     decision = None
     if request.concurrency_key is not None:
-        decision = claims.decide(
+        decision = concurrency.decide(
             session,
             settings,
             owner=owner,
@@ -263,12 +258,12 @@ def _write(
                 extra={"needs_review": True} if oust.displaced else {"cancel_requested_at": now},
                 promote=False,
             )
-    run, rows, plan = new_runs.rows(settings, request, decision)
+    run, rows, plan = new_rows.rows(settings, request, decision)
     # Core inserts of the rows as built (the run, its steps in one multi-row insert; the
     # database journals the run): nothing is read back, so the ORM's unit of work has
     # nothing to track.
-    session.execute(_RUNS.insert(), launch_once.set_columns(run))
-    session.execute(_STEPS.insert(), [launch_once.set_columns(row) for row in rows])
+    session.execute(_RUNS.insert(), launch_statement.set_columns(run))
+    session.execute(_STEPS.insert(), [launch_statement.set_columns(row) for row in rows])
     if reuse is not None:
         kept = {k.sha256 for k in reuse.outputs[: reuse.first] if k.sha256}
         artifacts.touch(session, owner, kept, now)
@@ -277,5 +272,5 @@ def _write(
     written = read(session, Written(run, rows, judged.health))
     if plan is None:
         return Done(written, then)
-    specs.remember(run.id, request.steps)
+    decoded.remember(run.id, request.steps)
     return Done(written, then + Followups(chains=(plan,)))

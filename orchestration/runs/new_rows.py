@@ -15,8 +15,7 @@ from orchestration.core.followups import ChainPlan
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import ClaimState, RunStatus, StepStatus
-from orchestration.runs import artifacts, chains
-from orchestration.runs import concurrency as claims
+from orchestration.runs import artifacts, chains, concurrency
 from orchestration.workflows import steps as step_specs
 from orchestration.workflows.steps import StepSpec
 
@@ -47,7 +46,7 @@ class NewRun:
     owner: str
     request_id: str
     concurrency_key: str | None
-    on_conflict: claims.OnConflict
+    on_conflict: concurrency.OnConflict
     now: datetime
     steps: tuple[StepSpec, ...]
     reuse: Reuse | None
@@ -55,7 +54,7 @@ class NewRun:
 
 
 def rows(
-    settings: Settings, request: NewRun, decision: claims.Decision | None
+    settings: Settings, request: NewRun, decision: concurrency.Decision | None
 ) -> tuple[Run, list[Step], ChainPlan | None]:
     """The new run's row, its steps and its first chain segment (``None`` for a run queued
     behind a concurrency key's holder: it gets its segment with the claim)."""
@@ -67,7 +66,7 @@ def rows(
     plan = None if queued else chains.plan_chain(run_id, first, len(request.steps))
     task_of = {link.index: link.task_id for link in plan.links} if plan else {}
     deadline = (
-        claims.queued_deadline(settings, decision.holder_deadline, now)
+        concurrency.queued_deadline(settings, decision.holder_deadline, now)
         if decision is not None and queued
         else deadlines.compute(settings, RunStatus.QUEUED, heartbeat_at=now)
     )

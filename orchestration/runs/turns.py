@@ -30,7 +30,7 @@ from orchestration.limits import bounds
 from orchestration.observability import tracing
 from orchestration.providers import budget
 from orchestration.providers.base import TurnRef
-from orchestration.workflows import decoded as specs
+from orchestration.workflows import decoded
 from orchestration.workflows.steps import TURNLESS_PROVIDERS
 
 LOG = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def ref_for(session: Session, step: Step) -> TurnRef:
     """How provider calls name this step's current turn (its ``with:`` options from the run's
     cached specs: the workflow column is not read again)."""
     assert step.idempotency_key is not None
-    options = specs.of_run(session, step.run_id)[step.index].options
+    options = decoded.of_run(session, step.run_id)[step.index].options
     return TurnRef(step.idempotency_key, step.provider_run_id, dict(options))
 
 

@@ -16,12 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
 
-from sqlalchemy import Float, Index, Integer, String, delete, select
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
-from orchestration.core.models import Base, JSONType, UTCDateTime
+from orchestration.core.models import FleetSample
 
 #: Upper bounds (seconds) of the buckets; a last, unbounded bucket holds the rest.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -36,25 +35,6 @@ class Series(StrEnum):
     POLL_LATENESS = "poll_lateness"
     #: How long one sweeper pass took.
     SWEEP_SECONDS = "sweep_seconds"
-
-
-class FleetSample(Base):
-    """What one source saw of one series over one period (a minute, or one sweep pass)."""
-
-    __tablename__ = "fleet_samples"
-    __table_args__ = (Index("ix_fleet_samples_at", "at"),)
-
-    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    series: Mapped[str] = mapped_column(String(40))
-    #: Who measured: ``host:pid`` for a worker process, the sweeper's name for a pass.
-    source: Mapped[str] = mapped_column(String(200))
-    #: The start of the period (a minute's first instant, or the pass's time).
-    at: Mapped[datetime] = mapped_column(UTCDateTime())
-    count: Mapped[int] = mapped_column(Integer)
-    total: Mapped[float] = mapped_column(Float)
-    largest: Mapped[float] = mapped_column(Float)
-    #: Counts per bucket of :data:`BUCKETS`, the unbounded one last.
-    buckets: Mapped[Any] = mapped_column(JSONType)
 
 
 @dataclass

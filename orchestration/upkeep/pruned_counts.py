@@ -19,11 +19,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from sqlalchemy import Float, Integer, String
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy.orm import Session
 
-from orchestration.core.models import Base, UTCDateTime
+from orchestration.core.models import PrunedRuns
 from orchestration.core.states import RunStatus
 
 #: Buckets of the cancel-to-terminal histogram (seconds): a hard cancel lands in well under a
@@ -31,21 +30,6 @@ from orchestration.core.states import RunStatus
 CANCEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: The bucket of a run without a cancel latency (not cancelled, or no request recorded).
 NO_LATENCY = -1
-
-
-class PrunedRuns(Base):
-    """Runs a prune deleted that finished in ``hour`` with this status, stop reason and
-    cancel-latency bucket."""
-
-    __tablename__ = "pruned_runs"
-
-    hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
-    status: Mapped[str] = mapped_column(String(32), primary_key=True)
-    stop_reason: Mapped[str] = mapped_column(String(40), primary_key=True)
-    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
-    count: Mapped[int] = mapped_column(Integer)
-    #: The summed cancel latency of these runs (0 for :data:`NO_LATENCY`).
-    latency_seconds: Mapped[float] = mapped_column(Float)
 
 
 def hour_of(when: datetime) -> datetime:

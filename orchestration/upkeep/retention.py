@@ -35,11 +35,18 @@ from sqlalchemy import delete, exists, func, select, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from orchestration.core.followups import Done, Transact
-from orchestration.core.models import Artifact, Checkpoint, Effect, Run, RunEvent, Step
-from orchestration.core.schedule_models import ScheduleFire
+from orchestration.core.models import (
+    Artifact,
+    Checkpoint,
+    Effect,
+    Run,
+    RunEvent,
+    ScheduleFire,
+    Step,
+)
 from orchestration.core.states import RUN_LIVE, RUN_TERMINAL
 from orchestration.runs import artifacts
-from orchestration.upkeep import pruned_counts as run_totals
+from orchestration.upkeep import pruned_counts
 
 #: Runs one batch deletes at most (with their branch runs).
 DEFAULT_BATCH = 500
@@ -208,7 +215,7 @@ def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, An
                 .returning(Run.status, Run.stop_reason, Run.finished_at, Run.cancel_requested_at)
                 .execution_options(synchronize_session=False)
             ).all()
-            run_totals.keep(session, gone)
+            pruned_counts.keep(session, gone)
     deleted["artifacts"], deleted["unnamed"] = _delete_unreferenced(session, cutoff, candidates)
     return deleted
 

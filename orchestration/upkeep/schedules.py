@@ -33,13 +33,17 @@ from sqlalchemy.orm import Session
 from orchestration.core.db import constant_in
 from orchestration.core.errors import OrchestrationError, ValidationError
 from orchestration.core.followups import Done, Transact
-from orchestration.core.models import Run, WorkflowDefinition
-from orchestration.core.schedule_models import FireStatus, ScheduleFire, SchedulePause
+from orchestration.core.models import (
+    FireStatus,
+    Run,
+    ScheduleFire,
+    SchedulePause,
+    WorkflowDefinition,
+)
 from orchestration.core.settings import Settings
 from orchestration.core.states import RUN_LIVE, StopReason
-from orchestration.runs import cancellation, launching
-from orchestration.runs import concurrency as claims
-from orchestration.workflows import registry as definitions
+from orchestration.runs import cancellation, concurrency, launching
+from orchestration.workflows import registry
 from orchestration.workflows.schedules import Overlap, ScheduleSpec, fires_after
 
 #: Most fires one pass carries out per schedule; a longer backlog goes on at the next pass
@@ -87,7 +91,7 @@ def scheduled(session: Session, owner: str | None = None) -> list[Schedule]:
             WorkflowDefinition.name,
             func.max(WorkflowDefinition.version).label("version"),
         )
-        .where(WorkflowDefinition.owner != definitions.SHARED)
+        .where(WorkflowDefinition.owner != registry.SHARED)
         .group_by(WorkflowDefinition.owner, WorkflowDefinition.name)
     )
     if owner is not None:
@@ -189,7 +193,7 @@ def _fire_one(
     try:
         launching.launch_then(
             transact, settings, schedule.definition, spec.args, owner=schedule.owner,
-            request_id=rid, concurrency_key=None, on_conflict=claims.OnConflict.REJECT,
+            request_id=rid, concurrency_key=None, on_conflict=concurrency.OnConflict.REJECT,
             now=now,
             read=lambda session, made: _claim(session, schedule, at, rid, made.run.id, now),
             version=schedule.version,

@@ -51,8 +51,7 @@ from orchestration.core.states import (
 )
 from orchestration.execution import approving, branching
 from orchestration.observability import context, tracing
-from orchestration.runs import cancellation, chains, closing
-from orchestration.runs import concurrency as claims
+from orchestration.runs import cancellation, chains, closing, concurrency
 from orchestration.runs.transitions import lock_run, touch_run, transition_run, transition_step
 from orchestration.upkeep import fleet_series, sweep_rules
 
@@ -299,16 +298,16 @@ class Sweeper:
         key = run.concurrency_key
 
         def promote(session: Session) -> Done[bool]:
-            holder = claims.holder(session, run.owner, key)
+            holder = concurrency.holder(session, run.owner, key)
             if holder is not None:
                 touch_run(
                     session,
                     run.id,
                     now,
-                    deadline_at=claims.queued_deadline(self.settings, holder.deadline_at, now),
+                    deadline_at=concurrency.queued_deadline(self.settings, holder.deadline_at, now),
                 )
                 return Done(False)
-            first = claims.first_queued(session, run.owner, key)
+            first = concurrency.first_queued(session, run.owner, key)
             if first is None or first.id != run.id:
                 touch_run(
                     session,

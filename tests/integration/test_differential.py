@@ -40,10 +40,9 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import Engine, make_url
 
 from orchestration.core.db import get_engine, normalize_url, session_scope, upgrade
-from orchestration.core.models import Checkpoint, Effect, Run, RunEvent, Step
+from orchestration.core.models import Checkpoint, Effect, LiveRunCount, Run, RunEvent, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import RUN_TERMINAL
-from orchestration.limits.live_counts import LiveRunCount
 from orchestration.providers.scripted import ScriptedProvider, store_url
 from tests.conftest import DATABASE_URL
 from tests.support.in_process import World, age_turns

@@ -52,7 +52,7 @@ from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
-from orchestration.workflows import parsing as workflows
+from orchestration.workflows import parsing
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
 from tests.support.hostile_servers import (
@@ -936,7 +936,7 @@ def test_the_secret_bound_to_loopback_is_accepted_at_launch(
     stack: Stack, orch: Orchestrator
 ) -> None:
     """The control for the refusals: the declared secret, to its own host, validates."""
-    workflows.parse(flow("http://127.0.0.1:9"), stack.settings)
+    parsing.parse(flow("http://127.0.0.1:9"), stack.settings)
 
 
 # -- 6. a port-restricted allow-list, checked at launch -------------------------------------
@@ -951,7 +951,7 @@ def test_localhost_on_a_port_the_allow_list_does_not_name_is_refused_at_launch(
     launch's own)."""
     settings = stack.settings.model_copy(update={"provider_hosts": "localhost:8765"})
     restricted = Orchestrator(settings, None)
-    workflows.parse(flow("http://localhost:8765", headers={}), settings)
+    parsing.parse(flow("http://localhost:8765", headers={}), settings)
     before = row_counts(stack)
     with pytest.raises(ValidationError) as caught:
         restricted.launch(flow("http://localhost:8766", headers={}), owner=owner)
@@ -1006,7 +1006,7 @@ def test_a_secret_bound_to_port_443_is_refused_for_cleartext_http_at_launch(
     assert caught.value.field == "steps[0].with.headers.Authorization.secret", caught.value
     assert "over https only" in caught.value.problem
     assert row_counts(stack) == before
-    workflows.parse(flow("https://agents.example.com", headers=headers), settings)
+    parsing.parse(flow("https://agents.example.com", headers=headers), settings)
 
 
 def test_a_start_over_the_request_budget_fails_over_limit_in_the_worker_sending_nothing(

@@ -33,9 +33,7 @@ from orchestration.execution import Halt, Poll, Proceed, Stepper, fence
 from orchestration.execution.rows import STARTABLE, Moved, lock
 from orchestration.providers.base import TurnRef, TurnRequest
 from orchestration.providers.scripted import ScriptedProvider, store_url
-from orchestration.runs import concurrency as claims
-from orchestration.runs import launch_statement as launch_once
-from orchestration.runs import launching
+from orchestration.runs import concurrency, launch_statement, launching
 from orchestration.runs.transitions import lock_run, touch_step, transition_run, transition_step
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
@@ -338,7 +336,7 @@ def test_the_one_statement_writes_the_rows_the_transaction_writes(stack: Stack) 
             owner="owner-1",
             request_id=_rid(),
             concurrency_key=None,
-            on_conflict=claims.OnConflict.REJECT,
+            on_conflict=concurrency.OnConflict.REJECT,
             now=T0,
             read=lambda _, made: made.run.id,
             once=once,
@@ -366,7 +364,7 @@ def test_the_one_statement_refuses_steps_that_differ_in_a_shared_column(stack: S
         for index, attempt in enumerate((1, 2))
     ]
     with session_scope(settings.database_url) as session, pytest.raises(ValueError, match="differ"):
-        launch_once.write(session, settings, run, steps)
+        launch_statement.write(session, settings, run, steps)
     with session_scope(settings.database_url) as session:
         assert session.scalar(select(func.count()).where(Run.request_id == request_id)) == 0
 

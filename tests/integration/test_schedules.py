@@ -11,8 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from orchestration.core.db import session_scope
-from orchestration.core.models import Run
-from orchestration.core.schedule_models import ScheduleFire
+from orchestration.core.models import Run, ScheduleFire
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from tests.conftest import wait_for

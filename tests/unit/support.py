@@ -27,8 +27,7 @@ from orchestration.core.followups import ChainPlan
 from orchestration.core.models import Run, RunEvent, Step
 from orchestration.core.settings import Settings
 from orchestration.execution import Outcome, Poll, Stepper
-from orchestration.runs import concurrency as claims
-from orchestration.runs import launching
+from orchestration.runs import concurrency, launching
 from orchestration.runtime.executor import Executor
 
 #: Property tests: modest example counts, no per-example deadline (SQLite I/O varies), and the
@@ -110,7 +109,7 @@ def launch(
     owner: str = "owner-1",
     request_id: str | None = None,
     concurrency_key: str | None = None,
-    on_conflict: claims.OnConflict = claims.OnConflict.REJECT,
+    on_conflict: concurrency.OnConflict = concurrency.OnConflict.REJECT,
     dispatcher: Any = None,
 ) -> str:
     """``launching.launch`` with test defaults (no dispatcher: nothing is sent)."""

@@ -25,15 +25,14 @@ from orchestration.core.db import session_scope
 from orchestration.core.egress import AllowList
 from orchestration.core.errors import ValidationError
 from orchestration.core.followups import Done
-from orchestration.core.schedule_models import ScheduleFire
+from orchestration.core.models import ScheduleFire
 from orchestration.core.settings import Settings
 from orchestration.limits import host_lookups
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
 from orchestration.upkeep import schedules
-from orchestration.workflows import parsing as workflows
-from orchestration.workflows import registry as definitions
+from orchestration.workflows import parsing, registry
 from tests.unit.support import RecordingDispatcher
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -122,7 +121,7 @@ def test_six_slow_names_are_looked_up_at_once_not_one_after_another(
     """On the old serial checks six names of 0.5 s each took 3 s; together they take 0.5 s."""
     names.delay = 0.5
     settings = fast.model_copy(update={"launch_check_seconds": 2.0})
-    elapsed, spec = timed(lambda: workflows.parse(many_hosts(6), settings))
+    elapsed, spec = timed(lambda: parsing.parse(many_hosts(6), settings))
     assert not isinstance(spec, Exception), spec
     assert elapsed < 0.5 + SLACK, elapsed
     assert sorted(names.asked) == sorted(f"h{i}.slow.test" for i in range(6))
@@ -132,7 +131,7 @@ def test_names_that_never_answer_refuse_the_launch_at_its_budget(
     names: Names, fast: Settings
 ) -> None:
     names.stuck = True
-    elapsed, refused = timed(lambda: workflows.parse(many_hosts(12), fast))
+    elapsed, refused = timed(lambda: parsing.parse(many_hosts(12), fast))
     assert isinstance(refused, ValidationError), refused
     assert elapsed < BUDGET + SLACK, elapsed
     assert refused.field == "steps[0].with.start.url"
@@ -142,14 +141,14 @@ def test_names_that_never_answer_refuse_the_launch_at_its_budget(
 
 def test_a_name_is_looked_up_once_per_launch(names: Names, fast: Settings) -> None:
     steps = [http_step(index, "same.slow.test") for index in range(5)]
-    workflows.parse({"name": "same", "steps": steps}, fast)
+    parsing.parse({"name": "same", "steps": steps}, fast)
     assert names.asked == ["same.slow.test"]
 
 
 def test_the_distinct_unlisted_names_are_capped(names: Names, fast: Settings) -> None:
     capped = fast.model_copy(update={"max_launch_hosts": 3})
     with pytest.raises(ValidationError) as caught:
-        workflows.parse(many_hosts(4), capped)
+        parsing.parse(many_hosts(4), capped)
     assert caught.value.field == "steps[3].with.start.url"
     assert "ORCH_MAX_LAUNCH_HOSTS" in caught.value.problem
     assert "over the limit of 3" in caught.value.problem
@@ -157,7 +156,7 @@ def test_the_distinct_unlisted_names_are_capped(names: Names, fast: Settings) ->
     listed = capped.model_copy(
         update={"provider_hosts": ",".join(f"h{i}.slow.test" for i in range(4))}
     )
-    workflows.parse(many_hosts(4), listed)  # names listed by name are never looked up
+    parsing.parse(many_hosts(4), listed)  # names listed by name are never looked up
 
 
 def test_the_lookup_threads_are_bounded_whatever_the_launches(names: Names, fast: Settings) -> None:
@@ -207,7 +206,7 @@ def test_a_schedule_fire_holds_its_thread_no_longer_than_the_budget(
     orch = Orchestrator(fast, RecordingDispatcher())
     data = many_hosts(12, name="nightly", schedule={"every": 10})
     orch.transact(
-        lambda session: Done(definitions.register(session, fast, "owner-1", data, T0, shared=False))
+        lambda session: Done(registry.register(session, fast, "owner-1", data, T0, shared=False))
     )
     names.stuck = True  # the names answered at registration; now they do not
     elapsed, report = timed(lambda: schedules.fire(orch.transact, fast, T0 + timedelta(seconds=10)))

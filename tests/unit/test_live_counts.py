@@ -13,10 +13,10 @@ from sqlalchemy import func, insert, select, text
 
 from orchestration.core.db import session_scope, upgrade
 from orchestration.core.errors import LimitExceeded
-from orchestration.core.models import Run
+from orchestration.core.models import LiveRunCount, Run
 from orchestration.core.settings import Settings
 from orchestration.core.states import RUN_LIVE
-from orchestration.limits.live_counts import TOTAL, LiveRunCount
+from orchestration.limits.live_counts import TOTAL
 from orchestration.runtime.executor import Executor
 from orchestration.upkeep import retention
 from tests.unit.support import (

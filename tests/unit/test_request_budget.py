@@ -38,7 +38,7 @@ from orchestration.providers.request_budget import (
 )
 from orchestration.runs import effects
 from orchestration.runtime.executor import Executor
-from orchestration.workflows import parsing as workflows
+from orchestration.workflows import parsing
 from tests.unit.support import (
     PROPERTY,
     Clock,
@@ -101,16 +101,16 @@ def test_the_7_gb_body_is_refused_at_launch_naming_the_setting() -> None:
     settings = Settings(provider_hosts=LOOPBACK)
     # As the issue wrote it, its options alone are over their bound.
     with pytest.raises(LimitExceeded) as caught:
-        workflows.parse(bomb(["{task}"] * 30_000), settings, args={"t": "x"})
+        parsing.parse(bomb(["{task}"] * 30_000), settings, args={"t": "x"})
     assert caught.value.field == "steps[0].with"
     assert "ORCH_MAX_OPTIONS_BYTES" in caught.value.problem
     # Within them, its placeholders times the task's bound are over the request's.
     with pytest.raises(LimitExceeded) as caught:
-        workflows.parse(bomb(["{task}"] * 5), settings, args={"t": "x"})
+        parsing.parse(bomb(["{task}"] * 5), settings, args={"t": "x"})
     assert caught.value.field == "steps[0].with.start"
     assert "names {task} 5 times" in caught.value.problem
     assert "ORCH_MAX_REQUEST_BYTES" in caught.value.problem
-    workflows.parse(bomb(["{task}"] * 3), settings, args={"t": "x"})
+    parsing.parse(bomb(["{task}"] * 3), settings, args={"t": "x"})
 
 
 def test_the_7_gb_body_fails_fast_and_builds_less_than_the_budget(
@@ -204,7 +204,7 @@ def test_with_options_are_bounded_at_launch() -> None:
         ],
     }
     with pytest.raises(LimitExceeded) as caught:
-        workflows.parse(definition, settings)
+        parsing.parse(definition, settings)
     assert caught.value.field == "steps[0].with"
     assert "ORCH_MAX_OPTIONS_BYTES" in caught.value.problem
 

@@ -15,7 +15,7 @@ from orchestration.core.settings import Settings
 from orchestration.providers import headers
 from orchestration.providers.exchange import exchange
 from orchestration.providers.http import HttpProvider
-from orchestration.workflows import parsing as workflows
+from orchestration.workflows import parsing
 
 LOOPBACK = "localhost,127.0.0.0/8,::1"
 SETTINGS = Settings(provider_hosts=LOOPBACK, provider_secrets={"AGENT_TOKEN": ["127.0.0.1"]})
@@ -76,7 +76,7 @@ def test_routing_and_framing_headers_are_refused_at_launch(name: str) -> None:
         ],
     }
     with pytest.raises(ValidationError) as caught:
-        workflows.parse(definition, SETTINGS)
+        parsing.parse(definition, SETTINGS)
     assert caught.value.field == f"steps[0].with.headers.{name}"
     assert "set by the engine's HTTP client" in caught.value.problem
 

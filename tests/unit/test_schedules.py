@@ -13,12 +13,11 @@ from sqlalchemy import select
 
 from orchestration.core.errors import ValidationError
 from orchestration.core.followups import Done
-from orchestration.core.models import Run
-from orchestration.core.schedule_models import ScheduleFire
+from orchestration.core.models import Run, ScheduleFire
 from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
 from orchestration.upkeep import schedules
-from orchestration.workflows import registry as definitions
+from orchestration.workflows import registry
 from orchestration.workflows.schedules import ScheduleSpec, next_fires
 from tests.unit.support import RecordingDispatcher, step_spec
 
@@ -45,7 +44,7 @@ def orch(settings: Settings) -> Orchestrator:
 def _register(orch: Orchestrator, data: dict[str, Any], at: datetime = T0) -> None:
     orch.transact(
         lambda session: Done(
-            definitions.register(session, orch.settings, OWNER, data, at, shared=False)
+            registry.register(session, orch.settings, OWNER, data, at, shared=False)
         )
     )
 

@@ -123,7 +123,10 @@ def test_a_claim_left_by_a_dead_worker_holds_cancel_for_at_most_one_call(
     started = time.monotonic()
     record = Orchestrator(settings, RecordingDispatcher()).cancel(run_id, owner="owner-1")
     assert record.status == "cancelled"
-    assert time.monotonic() - started < 1.0, "a stale claim is not waited for"
+    # Waiting for the claim would take its window (one call's bound and the margin); a cancel
+    # that does not wait takes a fraction of one call, however loaded the machine.
+    waited = time.monotonic() - started
+    assert waited < settings.provider_timeout / 2, f"a stale claim is not waited for: {waited}"
 
 
 def test_a_start_that_outlives_its_run_stops_its_own_turn(

@@ -17,8 +17,7 @@ from orchestration.core.settings import Settings
 from orchestration.core.states import ClaimState, ParkReason, RunStatus, StepStatus, StopReason
 from orchestration.execution import Halt, Poll, Stepper
 from orchestration.providers.scripted import ScriptedProvider
-from orchestration.runs import cancellation, closing, turns
-from orchestration.runs import concurrency as claims
+from orchestration.runs import cancellation, closing, concurrency, turns
 from orchestration.runtime.executor import Executor
 from orchestration.runtime.liveness import last_pass
 from orchestration.upkeep.sweeper import SWEEPER_NAME, Sweeper
@@ -243,7 +242,7 @@ def test_a_run_queued_behind_a_vanished_holder_is_promoted(
 ) -> None:
     holder = launch(settings, concurrency_key="k", now=T0)
     waiting = launch(
-        settings, concurrency_key="k", on_conflict=claims.OnConflict.ENQUEUE, now=T0 + s(1)
+        settings, concurrency_key="k", on_conflict=concurrency.OnConflict.ENQUEUE, now=T0 + s(1)
     )
     assert _did(sweeper.sweep(T0 + s(2))) == {}
     # The holder loses its claim without a promotion (as a displacing launch leaves it).

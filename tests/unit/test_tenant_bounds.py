@@ -27,7 +27,7 @@ from orchestration.limits import bounds
 from orchestration.runs import turns
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
-from orchestration.workflows import templates as templating
+from orchestration.workflows import templates
 from tests.unit.support import (
     PROPERTY,
     Clock,
@@ -59,14 +59,14 @@ def _closed_port() -> int:
 def test_a_template_that_would_expand_to_gigabytes_stops_at_its_bound() -> None:
     started = time.perf_counter()
     with pytest.raises(LimitExceeded) as raised:
-        templating.render("{{ args.a }}" * 6000, {"args": {"a": "x" * 60000}}, "task", limit=262144)
+        templates.render("{{ args.a }}" * 6000, {"args": {"a": "x" * 60000}}, "task", limit=262144)
     assert "ORCH_MAX_RENDERED_TASK_BYTES" in str(raised.value)
     # 360 MB would take seconds and gigabytes to build; the bound stops it near 256 KB.
     assert time.perf_counter() - started < 1.0
 
 
 def test_a_template_within_its_bound_renders_as_before() -> None:
-    rendered = templating.render(
+    rendered = templates.render(
         {"q": "{{ args.a }} and {{ args.a }}", "n": "{{ args.n }}"},
         {"args": {"a": "x", "n": [1, 2]}},
         limit=100,
@@ -268,7 +268,7 @@ def test_a_rendered_task_is_never_over_its_bound(
     text = "".join(pieces)
     task: Any = {"string": text, "list": [text, pieces], "dict": {"q": text, "p": pieces}}[shape]
     try:
-        rendered = templating.render(task, {"args": values}, limit=limit)
+        rendered = templates.render(task, {"args": values}, limit=limit)
     except LimitExceeded:
         return
     assert bounds.json_bytes(rendered) <= limit

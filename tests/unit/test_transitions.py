@@ -30,7 +30,7 @@ from orchestration.core.states import (
     StepStatus,
     StopReason,
 )
-from orchestration.runs import concurrency as claims
+from orchestration.runs import concurrency
 from orchestration.runs.closing import end_run
 from orchestration.runs.transitions import touch_run, touch_step, transition_run, transition_step
 from orchestration.runtime.executor import Executor
@@ -384,7 +384,7 @@ def test_end_run_of_a_terminal_run_raises_and_writes_nothing(settings: Settings)
 
 def test_end_run_passes_the_claim_to_the_next_queued_run(settings: Settings) -> None:
     holder = launch(settings, concurrency_key="k")
-    waiting = launch(settings, concurrency_key="k", on_conflict=claims.OnConflict.ENQUEUE)
+    waiting = launch(settings, concurrency_key="k", on_conflict=concurrency.OnConflict.ENQUEUE)
     assert (run_row(settings, holder).claim, run_row(settings, waiting).claim) == (
         ClaimState.HOLDING,
         ClaimState.QUEUED,

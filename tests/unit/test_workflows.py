@@ -21,12 +21,11 @@ from orchestration.core.errors import (
 from orchestration.core.settings import Settings
 from orchestration.core.states import RunStatus, StepStatus
 from orchestration.limits import bounds
-from orchestration.runs import concurrency as claims
-from orchestration.runs import launching
+from orchestration.runs import concurrency, launching
 from orchestration.runtime.executor import Executor
 from orchestration.surfaces.demo import EXAMPLE_ARGS
 from orchestration.workflows import parsing as workflows
-from orchestration.workflows import templates as templating
+from orchestration.workflows import templates
 from tests.unit.support import (
     PROPERTY,
     T0,
@@ -285,13 +284,13 @@ _CONTEXT: dict[str, Any] = {
     ],
 )
 def test_render_fills_args_and_earlier_outputs(task: Any, rendered: Any) -> None:
-    assert templating.render(task, _CONTEXT) == rendered
+    assert templates.render(task, _CONTEXT) == rendered
 
 
 def test_rendered_values_are_never_rendered_again() -> None:
     context = {"args": {"evil": "{{ args.secret }}", "secret": "s3cret"}, "steps": {}}
-    assert templating.render("say {{ args.evil }}", context) == "say {{ args.secret }}"
-    assert templating.render("{{ args.evil }}", context) == "{{ args.secret }}"
+    assert templates.render("say {{ args.evil }}", context) == "say {{ args.secret }}"
+    assert templates.render("{{ args.evil }}", context) == "{{ args.secret }}"
 
 
 @pytest.mark.parametrize(
@@ -308,7 +307,7 @@ def test_rendered_values_are_never_rendered_again() -> None:
 )
 def test_render_refuses_paths_that_are_not_there(task: str) -> None:
     with pytest.raises(ValidationError) as caught:
-        templating.render({"q": [task]}, _CONTEXT)
+        templates.render({"q": [task]}, _CONTEXT)
     assert caught.value.field == "task.q[0]"
 
 
@@ -567,7 +566,7 @@ def _launch_or_refuse(settings: Settings, data: Any, args: Any, owner: str) -> N
             owner=owner,
             request_id=None,
             concurrency_key=None,
-            on_conflict=claims.OnConflict.REJECT,
+            on_conflict=concurrency.OnConflict.REJECT,
             now=T0,
         )
     except OrchestrationError as exc:

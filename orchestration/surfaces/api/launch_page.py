@@ -16,18 +16,16 @@ from orchestration.core.errors import IdempotencyConflict, ValidationError
 from orchestration.surfaces.api.auth import csrf_ok
 from orchestration.surfaces.api.dashboard import Signed, form_of, render, signed_in_as, to_login
 from orchestration.surfaces.api.launch_fields import FormField, field_of, fields_of, read
-from orchestration.workflows import registry as definitions
+from orchestration.workflows import registry
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 
 
-def _choices(signed: Signed) -> list[definitions.Definition]:
+def _choices(signed: Signed) -> list[registry.Definition]:
     return list(signed.orch.workflows(owner=signed.owner))
 
 
-def chosen_of(
-    choices: list[definitions.Definition], ref: str | None
-) -> definitions.Definition | None:
+def chosen_of(choices: list[registry.Definition], ref: str | None) -> registry.Definition | None:
     """The definition ``ref`` names: ``name@version``, or a bare name's latest version (the
     owner's own before a shared one); the first choice when it names none."""
     if ref:

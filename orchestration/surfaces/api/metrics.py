@@ -48,12 +48,12 @@ from sqlalchemy.engine import make_url
 
 from orchestration.core import health as judgement
 from orchestration.core.db import session_scope, utcnow
-from orchestration.core.models import Run
+from orchestration.core.models import PrunedRuns, Run
 from orchestration.core.settings import Settings
 from orchestration.core.states import RUN_LIVE, RUN_TERMINAL, STOP_REASONS, Health, RunStatus
 from orchestration.reads import summaries
 from orchestration.runtime.liveness import sweeper_age
-from orchestration.upkeep.pruned_counts import CANCEL_BUCKETS, NO_LATENCY, PrunedRuns, hour_of
+from orchestration.upkeep.pruned_counts import CANCEL_BUCKETS, NO_LATENCY, hour_of
 
 LOG = logging.getLogger(__name__)
 

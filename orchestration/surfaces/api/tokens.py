@@ -11,12 +11,12 @@ import hashlib
 import secrets
 from datetime import datetime
 
-from sqlalchemy import Boolean, Index, String, false, inspect, select
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import inspect, select
+from sqlalchemy.orm import Session
 
 from orchestration.core.db import get_engine
 from orchestration.core.errors import DatabaseNotReady, ValidationError
-from orchestration.core.models import Base, UTCDateTime
+from orchestration.core.models import ApiToken
 from orchestration.runs.launching import check_name
 from orchestration.runtime import readiness
 
@@ -24,23 +24,6 @@ from orchestration.runtime import readiness
 PREFIX = "orch_"
 #: Shortest hash prefix ``revoke`` accepts as a token id.
 MIN_ID_LENGTH = 8
-
-
-class ApiToken(Base):
-    """One token: who it acts as, a label, and when it stopped working."""
-
-    __tablename__ = "api_tokens"
-    __table_args__ = (Index("ix_api_tokens_owner", "owner"),)
-
-    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
-    owner: Mapped[str] = mapped_column(String(200))
-    name: Mapped[str | None] = mapped_column(String(200))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    #: An operator's token: reads and cancels every owner's runs on ``/operator``, acts as
-    #: no owner (``owner`` is ``""``, which no owner can be) and is named in every journal row
-    #: it writes.
-    operator: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 def hash_token(token: str) -> str:
