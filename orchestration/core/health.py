@@ -25,7 +25,7 @@ from orchestration.core.settings import Settings
 from orchestration.core.states import (
     RUN_TERMINAL,
     UNATTENDED_PARKS,
-    ClaimState,
+    ConcurrencyState,
     Health,
     ParkReason,
     RunStatus,
@@ -118,7 +118,7 @@ def expression(c: Columns = _RUNS.c) -> ColumnElement[str]:
         (
             and_(
                 c.status == RunStatus.QUEUED.value,
-                constant_in(c.claim, (ClaimState.QUEUED, ClaimState.SLOT)),
+                constant_in(c.concurrency, (ConcurrencyState.QUEUED, ConcurrencyState.SLOT)),
             ),
             literal(Health.WAITING.value),
         ),

@@ -32,7 +32,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from orchestration.core.states import RUN_LIVE, ClaimState, RunStatus, StepStatus
+from orchestration.core.states import RUN_LIVE, ConcurrencyState, RunStatus, StepStatus
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -109,8 +109,8 @@ class Run(Base):
             "owner",
             "concurrency_key",
             unique=True,
-            postgresql_where=text("claim = 'holding'"),
-            sqlite_where=text("claim = 'holding'"),
+            postgresql_where=text("concurrency = 'holding'"),
+            sqlite_where=text("concurrency = 'holding'"),
         ),
         Index(
             "ix_runs_live_claim",
@@ -194,8 +194,8 @@ class Run(Base):
     on_conflict: Mapped[str | None] = mapped_column(String(20))
     #: ``holding`` while this run holds its concurrency key, ``queued`` while it waits behind
     #: the holder (``on_conflict=enqueue``), ``None`` otherwise.
-    claim: Mapped[ClaimState | None] = mapped_column(StateColumn(ClaimState))
-    #: Set when a human should look at this run (e.g. displaced from its claim).
+    concurrency: Mapped[ConcurrencyState | None] = mapped_column(StateColumn(ConcurrencyState))
+    #: Set when a human should look at this run (e.g. displaced from its concurrency key).
     needs_review: Mapped[bool] = mapped_column(default=False)
     #: A branch run: the run whose ``for_each`` or ``parallel`` step made it, that step's
     #: index, the branch's position, and its key (the item's index, or the parallel step id).

@@ -164,9 +164,9 @@ class EffectStatus(StrEnum):
     EXHAUSTED = "exhausted"
 
 
-class ClaimState(StrEnum):
+class ConcurrencyState(StrEnum):
     """Where a run stands on a shared bound, its concurrency key or its parent step's
-    ``max_concurrency`` (``runs.claim``; ``NULL`` without one, or once the run has ended)."""
+    ``max_concurrency`` (``runs.concurrency``; ``NULL`` without one, or once the run has ended)."""
 
     #: The one active run of (owner, key), enforced by a unique partial index.
     HOLDING = "holding"

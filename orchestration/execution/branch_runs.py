@@ -24,7 +24,7 @@ from orchestration.core.errors import ValidationError
 from orchestration.core.followups import ChainPlan
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
-from orchestration.core.states import ClaimState, RunStatus, StepStatus, StopReason
+from orchestration.core.states import ConcurrencyState, RunStatus, StepStatus, StopReason
 from orchestration.runs import artifacts, chains
 from orchestration.runs.new_rows import new_step
 from orchestration.workflows import decoded, parsing, templates
@@ -178,7 +178,7 @@ def write(
         deadline_at=deadlines.compute(settings, RunStatus.QUEUED, heartbeat_at=now)
         if admit
         else parent.deadline_at,
-        claim=None if admit else ClaimState.SLOT.value,
+        concurrency=None if admit else ConcurrencyState.SLOT.value,
     )  # fmt: skip
     plan = chains.plan_chain(run.id, 0, 1) if admit else None
     run.task_ids = plan.task_ids if plan else []
@@ -210,7 +210,7 @@ def write_reused(
         finished_at=now,
         deadline_at=None,
         task_ids=[],
-        claim=None,
+        concurrency=None,
     )
     session.add(run)
     reused = artifacts.Kept(source.output, source.output_sha256)

@@ -5,7 +5,7 @@ The branching step's execution renders its items and writes one *branch run* per
 parallel step) in its claim's transaction: a run of one step, with the parent's owner and args,
 pointing back through ``parent_run_id``, ``parent_step`` and ``branch``. A branch run is a run
 in every other respect (parks, human answers, effects, retries, cancel, explain, Flower). The
-first ``max_concurrency`` are sent; the others wait with ``claim = slot``. The parent parks
+first ``max_concurrency`` are sent; the others wait with ``concurrency = slot``. The parent parks
 (``branches``) and no worker waits for it. In a rerun, the branches that completed in the
 source with the same input are written ``completed`` instead and not sent
 (``branch_runs``); when every branch is, the step joins at once.
@@ -38,7 +38,7 @@ from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import (
     RUN_TERMINAL,
-    ClaimState,
+    ConcurrencyState,
     Join,
     ParkReason,
     RunStatus,
@@ -186,10 +186,10 @@ def settle(
         return Done(True, _fail(session, settings, run, step, spec, failed, len(branches), now))
     if not live:
         return Done(True, _join(session, settings, run, step, spec, branches, now))
-    running = sum(1 for branch in live if branch.claim != ClaimState.SLOT)
+    running = sum(1 for branch in live if branch.concurrency != ConcurrencyState.SLOT)
     free = limit(spec, settings) - running
     then = Followups()
-    for branch in [b for b in live if b.claim == ClaimState.SLOT][: max(0, free)]:
+    for branch in [b for b in live if b.concurrency == ConcurrencyState.SLOT][: max(0, free)]:
         then += admit(session, settings, branch.id, now)
     return Done(bool(then), then)
 
@@ -204,7 +204,7 @@ def of_step(session: Session, run_id: str, index: int) -> list[Any]:
                 Run.branch,
                 Run.branch_key,
                 Run.status,
-                Run.claim,
+                Run.concurrency,
                 Run.error,
                 Run.stop_reason,
                 Run.started_at,
@@ -244,7 +244,7 @@ def listed(session: Session, run_id: str) -> dict[int, list[dict[str, Any]]]:
 
 def admit(session: Session, settings: Settings, run_id: str, now: datetime) -> Followups:
     """Give a waiting branch run its slot and its first segment."""
-    if not touch_run(session, run_id, now, claim=None):
+    if not touch_run(session, run_id, now, concurrency=None):
         return Followups()
     branch = session.get(Run, run_id, populate_existing=True)
     assert branch is not None

@@ -17,7 +17,7 @@ from orchestration.core.health import Judged
 from orchestration.core.settings import MARGIN_SECONDS, Settings
 from orchestration.core.states import (
     RUN_TERMINAL,
-    ClaimState,
+    ConcurrencyState,
     Health,
     ParkReason,
     RunStatus,
@@ -58,7 +58,10 @@ def _waits_for_sweeper(record: RunRecord, status: RunStatus) -> bool:
     return (
         record.health == Health.STALLED
         or status in (RunStatus.PARKED, RunStatus.CANCELLING)
-        or (status is RunStatus.QUEUED and record.claim in (ClaimState.QUEUED, ClaimState.SLOT))
+        or (
+            status is RunStatus.QUEUED
+            and record.concurrency in (ConcurrencyState.QUEUED, ConcurrencyState.SLOT)
+        )
     )
 
 
@@ -68,7 +71,7 @@ def _waits_for_worker(record: RunRecord, status: RunStatus) -> bool:
     if record.health == Health.STALLED:
         return False
     if status is RunStatus.QUEUED:
-        return record.claim not in (ClaimState.QUEUED, ClaimState.SLOT)
+        return record.concurrency not in (ConcurrencyState.QUEUED, ConcurrencyState.SLOT)
     if status is RunStatus.PARKED:
         return record.park_reason in _POLLED_PARKS
     return status in _WORKER_STATUSES
@@ -240,10 +243,10 @@ def explain(
             f"the step honours it at its next execution; otherwise the sweeper enforces it "
             f"once the grace ends ({_at(grace)}) and the heartbeat is dead"
         )
-    elif status is RunStatus.QUEUED and record.claim == ClaimState.QUEUED:
+    elif status is RunStatus.QUEUED and record.concurrency == ConcurrencyState.QUEUED:
         why = f"it waits for concurrency key {record.concurrency_key!r}, held by another run"
         next_move = "it starts when the holder ends (any terminal path, or the sweeper)"
-    elif status is RunStatus.QUEUED and record.claim == ClaimState.SLOT:
+    elif status is RunStatus.QUEUED and record.concurrency == ConcurrencyState.SLOT:
         why = f"{where} waits for a slot of its step's max_concurrency"
         next_move = (
             "it starts when a sibling branch ends (or the sweeper admits it); its parent's "

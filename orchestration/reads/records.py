@@ -96,7 +96,7 @@ class RunRecord(BaseModel):
     waiting_until: datetime | None
     concurrency_key: str | None
     on_conflict: str | None
-    claim: str | None
+    concurrency: str | None
     needs_review: bool
     #: A branch run: the run and step that made it, and its position and key there.
     parent_run_id: str | None = None

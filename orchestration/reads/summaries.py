@@ -62,7 +62,7 @@ class RunSummary(BaseModel):
     parked_since: datetime | None
     waiting_until: datetime | None
     concurrency_key: str | None
-    claim: str | None
+    concurrency: str | None
     needs_review: bool
 
 
@@ -95,7 +95,7 @@ _COLUMNS = (
     Run.parked_since,
     Run.waiting_until,
     Run.concurrency_key,
-    Run.claim,
+    Run.concurrency,
     Run.needs_review,
 )
 

@@ -1,6 +1,6 @@
 """Chains of step tasks: planned, stored and returned for sending in bounded segments.
 
-:func:`arm` is the one way a chain is re-sent: when a queued run gets its claim, when the
+:func:`arm` is the one way a chain is re-sent: when a queued run gets its key, when the
 sweeper re-arms a dead heartbeat, when ``answer`` resumes a human park, and when the last link
 of a segment finishes its step. A launch plans its first segment with :func:`plan_chain` and
 stores the task ids in the rows it inserts (the same columns ``arm`` writes), so it does not
@@ -94,7 +94,7 @@ def arm(
     run: Run,
     *,
     now: datetime,
-    claim: str | None = None,
+    concurrency: str | None = None,
     rearm: bool = False,
     first_index: int | None = None,
 ) -> Followups:
@@ -128,8 +128,8 @@ def arm(
             cancel_requested_at=row.cancel_requested_at,
         ),
     }
-    if claim is not None:
-        values["claim"] = claim
+    if concurrency is not None:
+        values["concurrency"] = concurrency
     if rearm:
         values["rearms"] = Run.rearms + 1
     touch_run(session, run.id, now, **values)

@@ -28,7 +28,7 @@ from orchestration.core.states import (
     RUN_TERMINAL,
     STEP_END_FOR_RUN_END,
     STEP_LIVE,
-    ClaimState,
+    ConcurrencyState,
     RunStatus,
     StepStatus,
     StopReason,
@@ -82,13 +82,13 @@ def end_run(
     # Only a holder's end frees its key. A run queued behind the holder releases nothing, and
     # must not lock the holder's row after its own: the holder's end locks the holder, then the
     # queued run it promotes, and the opposite order deadlocks with it (PostgreSQL).
-    held = run.claim == ClaimState.HOLDING
+    held = run.concurrency == ConcurrencyState.HOLDING
     task_ids = tuple(run.task_ids) if revoke else ()
     if stops is not None:
         tried = list(stops)
     else:
         tried = turns.pending(turns.live_turns(session, run)) if stop_turns else []
-    values: dict[str, Any] = {"error": error, "claim": None, **(extra or {})}
+    values: dict[str, Any] = {"error": error, "concurrency": None, **(extra or {})}
     if result is not None:
         values["result"] = result
         values["result_sha256"] = result_sha256
@@ -156,4 +156,4 @@ def _promote(session: Session, settings: Settings, run: Run, now: datetime) -> F
     waiting = concurrency.first_queued(session, run.owner, run.concurrency_key, lock=True)
     if waiting is None or concurrency.holder(session, run.owner, run.concurrency_key) is not None:
         return Followups()
-    return chains.arm(session, settings, waiting, now=now, claim=ClaimState.HOLDING)
+    return chains.arm(session, settings, waiting, now=now, concurrency=ConcurrencyState.HOLDING)

@@ -1,7 +1,7 @@
 """Concurrency keys: at most one active run per (owner, key).
 
-The holder has ``claim = 'holding'``, enforced by a unique partial index. A launch onto a held
-key is rejected, queued behind the holder (``claim = 'queued'``, started when the holder ends
+The holder has ``concurrency = 'holding'``, enforced by a unique partial index. A launch onto a held
+key is rejected, queued behind the holder (``concurrency = 'queued'``, started when the holder ends
 by any terminal path, since every path goes through ``closing.end_run``), or preempts the
 holder. A holder that is stalled (dead heartbeat, park past budget) is displaced in the same
 transaction as the takeover: closed ``interrupted``/``displaced`` and flagged for review.
@@ -23,7 +23,7 @@ from orchestration.core import deadlines, health
 from orchestration.core.errors import ConflictError
 from orchestration.core.models import Run
 from orchestration.core.settings import Settings
-from orchestration.core.states import ClaimState, Health, RunStatus, StopReason
+from orchestration.core.states import ConcurrencyState, Health, RunStatus, StopReason
 
 
 class OnConflict(StrEnum):
@@ -50,10 +50,10 @@ class Ousting:
 
 @dataclass(frozen=True)
 class Decision:
-    """The new run's claim, the holder's deadline (a queued run starts by it), and the
+    """The new run's standing on its key, the holder's deadline (a queued run starts by it), and the
     holder to end first, if any."""
 
-    claim: ClaimState
+    concurrency: ConcurrencyState
     holder_deadline: datetime | None = None
     oust: Ousting | None = None
 
@@ -62,7 +62,11 @@ def holder(session: Session, owner: str, key: str) -> Run | None:
     """The run holding ``key`` for ``owner``, locked for the rest of the transaction."""
     return session.scalars(
         select(Run)
-        .where(Run.owner == owner, Run.concurrency_key == key, Run.claim == ClaimState.HOLDING)
+        .where(
+            Run.owner == owner,
+            Run.concurrency_key == key,
+            Run.concurrency == ConcurrencyState.HOLDING,
+        )
         .with_for_update()
     ).first()
 
@@ -74,7 +78,7 @@ def first_queued(session: Session, owner: str, key: str, *, lock: bool = False) 
         .where(
             Run.owner == owner,
             Run.concurrency_key == key,
-            Run.claim == ClaimState.QUEUED,
+            Run.concurrency == ConcurrencyState.QUEUED,
             Run.status == RunStatus.QUEUED.value,
         )
         .order_by(Run.created_at, Run.id)
@@ -92,14 +96,15 @@ def decide(
     on_conflict: OnConflict,
     now: datetime,
 ) -> Decision:
-    """Decide the new run's claim (``holding`` or ``queued``) and whom it ousts."""
+    """Decide the new run's standing on its key (``holding`` or ``queued``) and whom it
+    ousts."""
     current = holder(session, owner, key)
     if current is None:
-        return Decision(ClaimState.HOLDING)
+        return Decision(ConcurrencyState.HOLDING)
     judged = health.judge(session, settings, current.id, now)
     if judged is not None and judged.health is Health.STALLED:
         return Decision(
-            ClaimState.HOLDING,
+            ConcurrencyState.HOLDING,
             oust=Ousting(
                 current.id,
                 RunStatus.INTERRUPTED,
@@ -114,9 +119,9 @@ def decide(
             "when it ends, or launch with on_conflict 'enqueue' or 'interrupt'"
         )
     if on_conflict is OnConflict.ENQUEUE:
-        return Decision(ClaimState.QUEUED, holder_deadline=current.deadline_at)
+        return Decision(ConcurrencyState.QUEUED, holder_deadline=current.deadline_at)
     return Decision(
-        ClaimState.HOLDING,
+        ConcurrencyState.HOLDING,
         oust=Ousting(
             current.id,
             RunStatus.CANCELLED,

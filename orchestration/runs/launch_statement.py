@@ -38,7 +38,7 @@ _RUNS = cast(Table, Run.__table__)
 _JUDGED = (
     "id",
     "status",
-    "claim",
+    "concurrency",
     "heartbeat_at",
     "created_at",
     "cancel_requested_at",
@@ -51,7 +51,7 @@ _STEPS = cast(Table, Step.__table__)
 
 def fits(settings: Settings, request: NewRun) -> bool:
     """Whether ``request`` may be launched as one statement: on PostgreSQL, a new run (not a
-    rerun) with no concurrency key (whose claim may end another run in the same
+    rerun) with no concurrency key (whose holder it may end in the same
     transaction)."""
     return (
         request.concurrency_key is None and request.reuse is None and pieces.one_statement(settings)

@@ -14,7 +14,7 @@ from orchestration.core import deadlines
 from orchestration.core.followups import ChainPlan
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
-from orchestration.core.states import ClaimState, RunStatus, StepStatus
+from orchestration.core.states import ConcurrencyState, RunStatus, StepStatus
 from orchestration.runs import artifacts, chains, concurrency
 from orchestration.workflows import steps as step_specs
 from orchestration.workflows.steps import StepSpec
@@ -59,7 +59,7 @@ def rows(
     """The new run's row, its steps and its first chain segment (``None`` for a run queued
     behind a concurrency key's holder: it gets its segment with the claim)."""
     definition, now, reuse = request.definition, request.now, request.reuse
-    queued = decision is not None and decision.claim is ClaimState.QUEUED
+    queued = decision is not None and decision.concurrency is ConcurrencyState.QUEUED
     run_id = uuid.uuid4().hex
     # The first segment's task ids go in with the rows (what ``chains.arm`` would store).
     first = reuse.first if reuse else 0
@@ -92,7 +92,7 @@ def rows(
         rerun_of=reuse.rerun_of if reuse else None,
         concurrency_key=request.concurrency_key,
         on_conflict=request.on_conflict.value if keyed else None,
-        claim=decision.claim.value if decision is not None else None,
+        concurrency=decision.concurrency.value if decision is not None else None,
         needs_review=False,
     )
     rows = [

@@ -184,7 +184,7 @@ def _progress(orch: Any, record: RunRecord, step: Any) -> str:
 
 def _branch_status(orch: Any, branch: dict[str, Any]) -> str:
     record = orch.get(branch["run_id"], owner="demo")
-    if record.claim == "slot":
+    if record.concurrency == "slot":
         return "waiting for a slot"
     attempt = record.steps[0].attempt
     return str(record.status) + (f" (attempt {attempt})" if attempt > 1 else "")

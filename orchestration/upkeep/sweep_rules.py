@@ -15,7 +15,7 @@ from typing import Protocol
 
 from orchestration.core.health import Judged
 from orchestration.core.settings import Settings
-from orchestration.core.states import UNATTENDED_PARKS, ClaimState, ParkReason, RunStatus
+from orchestration.core.states import UNATTENDED_PARKS, ConcurrencyState, ParkReason, RunStatus
 
 
 class RunView(Protocol):
@@ -28,7 +28,7 @@ class RunView(Protocol):
     @property
     def deadline_at(self) -> datetime | None: ...
     @property
-    def claim(self) -> str | None: ...
+    def concurrency(self) -> str | None: ...
     @property
     def park_reason(self) -> str | None: ...
     @property
@@ -68,11 +68,11 @@ def _grace_over_and_dead(settings: Settings, run: RunView, judged: Judged, now: 
 
 
 def _queued_behind(_: Settings, run: RunView, __: Judged, ___: datetime) -> bool:
-    return run.status == RunStatus.QUEUED and run.claim == ClaimState.QUEUED
+    return run.status == RunStatus.QUEUED and run.concurrency == ConcurrencyState.QUEUED
 
 
 def _waiting_for_slot(_: Settings, run: RunView, __: Judged, ___: datetime) -> bool:
-    return run.status == RunStatus.QUEUED and run.claim == ClaimState.SLOT
+    return run.status == RunStatus.QUEUED and run.concurrency == ConcurrencyState.SLOT
 
 
 def _on_branches(_: Settings, run: RunView, judged: Judged, __: datetime) -> bool:

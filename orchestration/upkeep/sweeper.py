@@ -43,7 +43,7 @@ from orchestration.core.settings import Settings
 from orchestration.core.states import (
     RUN_LIVE,
     RUN_TERMINAL,
-    ClaimState,
+    ConcurrencyState,
     ParkReason,
     RunStatus,
     StepStatus,
@@ -318,7 +318,9 @@ class Sweeper:
                     ),
                 )
                 return Done(False)
-            then = chains.arm(session, self.settings, first, now=now, claim=ClaimState.HOLDING)
+            then = chains.arm(
+                session, self.settings, first, now=now, concurrency=ConcurrencyState.HOLDING
+            )
             return Done(True, then)
 
         return self.transact(promote, lock_timeout=self.lock_timeout)

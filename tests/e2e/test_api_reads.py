@@ -28,7 +28,7 @@ from orchestration.core.settings import Settings
 from orchestration.core.states import (
     RUN_TERMINAL,
     UNATTENDED_PARKS,
-    ClaimState,
+    ConcurrencyState,
     Health,
     ParkReason,
     RunStatus,
@@ -286,7 +286,10 @@ def _reference(settings: Settings, run: Run, now: datetime) -> str:
         )
         polled = run.park_reason not in UNATTENDED_PARKS
         return (Health.STALLED if expired or (polled and dead) else Health.WAITING).value
-    if run.status == RunStatus.QUEUED and run.claim in (ClaimState.QUEUED, ClaimState.SLOT):
+    if run.status == RunStatus.QUEUED and run.concurrency in (
+        ConcurrencyState.QUEUED,
+        ConcurrencyState.SLOT,
+    ):
         return Health.WAITING.value
     return (Health.STALLED if dead else Health.WORKING).value
 
@@ -325,7 +328,7 @@ def test_health_at_every_boundary_is_the_rules_in_every_read(scratch: Settings) 
                 park_reason=reason,
                 parked_since=since[parked],
                 waiting_until=None if waiting is None else now + waiting,
-                claim=claim,
+                concurrency=claim,
                 task_ids=[],
                 current_step=0,
                 rearms=0,

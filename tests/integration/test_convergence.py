@@ -293,7 +293,7 @@ def test_claim_taken_over_from_a_dead_holder(
         taker = orch.launch(
             one_step([["running", 0.3], ["completed"]]), owner=owner, concurrency_key="repo-1"
         )
-        assert taker.claim == "holding"
+        assert taker.concurrency == "holding"
         displaced = orch.get(holder.id, owner=owner)
         assert (displaced.status, displaced.stop_reason) == ("interrupted", "displaced")
         assert displaced.needs_review
@@ -328,7 +328,7 @@ def test_enqueued_run_starts_when_its_holder_ends(
     queued = orch.launch(
         one_step([["completed"]]), owner=owner, concurrency_key="k", on_conflict="enqueue"
     )
-    assert (queued.status, queued.claim, queued.health) == ("queued", "queued", "waiting")
+    assert (queued.status, queued.concurrency, queued.health) == ("queued", "queued", "waiting")
     if ending == "cancelled":
         wait_for(lambda: orch.get(holder.id, owner=owner).steps[0].polls >= 1, 15)
         orch.cancel(holder.id, owner=owner)

@@ -140,7 +140,7 @@ def test_for_each_reuses_by_item_index_and_admits_only_the_branches_that_run(
     world.orch.cancel(source, owner=OWNER)
     rerun = world.orch.rerun(source, owner=OWNER)
     world.pump(rounds=1)
-    claims = [world.record(b["run_id"]).claim for b in _branches(world, rerun.id)]
+    claims = [world.record(b["run_id"]).concurrency for b in _branches(world, rerun.id)]
     assert claims == [None, None, "slot"]  # the reused one holds no slot; one runs, one waits
     world.pump()
     done = world.record(rerun.id)

@@ -148,7 +148,7 @@ def test_max_concurrency_admits_branches_only_as_slots_free(world: World) -> Non
     world.pump(rounds=1)
     record = world.record(run_id)
     assert (record.status, record.park_reason) == ("parked", "branches")
-    claims = [world.record(b["run_id"]).claim for b in record.steps[0].branches]
+    claims = [world.record(b["run_id"]).concurrency for b in record.steps[0].branches]
     assert claims == [None, None, "slot", "slot", "slot"]
     waiting = {summary.id for summary in world.orch.list(owner=OWNER, health="waiting")}
     slots = {b["run_id"] for b in record.steps[0].branches[2:]}

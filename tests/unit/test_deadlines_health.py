@@ -78,7 +78,7 @@ def _run(status: RunStatus, **values: object) -> Run:
         "created_at": T0,
         "heartbeat_at": T0,
         "rearms": 0,
-        "claim": None,
+        "concurrency": None,
         "park_reason": None,
         "parked_since": None,
         "waiting_until": None,
@@ -242,7 +242,7 @@ def test_a_run_never_stamped_counts_from_its_creation(bounds: Settings) -> None:
 
 
 def test_a_run_queued_behind_its_concurrency_key_is_waiting(bounds: Settings) -> None:
-    run = _run(RunStatus.QUEUED, claim="queued")
+    run = _run(RunStatus.QUEUED, concurrency="queued")
     assert _health(bounds, run, T0 + s(10**5)) is Health.WAITING
 
 

@@ -68,7 +68,7 @@ def _record(next_poll_at: datetime | None, now: datetime) -> RunRecord:
         waiting_until=None,
         concurrency_key=None,
         on_conflict=None,
-        claim=None,
+        concurrency=None,
         needs_review=False,
         steps=[StepRecord(**step)],
     )

@@ -14,7 +14,13 @@ from orchestration.core import deadlines
 from orchestration.core.db import session_scope
 from orchestration.core.models import Run, SweeperBeat
 from orchestration.core.settings import Settings
-from orchestration.core.states import ClaimState, ParkReason, RunStatus, StepStatus, StopReason
+from orchestration.core.states import (
+    ConcurrencyState,
+    ParkReason,
+    RunStatus,
+    StepStatus,
+    StopReason,
+)
 from orchestration.execution import Halt, Poll, Stepper
 from orchestration.providers.scripted import ScriptedProvider
 from orchestration.runs import cancellation, closing, concurrency, turns
@@ -259,7 +265,7 @@ def test_a_run_queued_behind_a_vanished_holder_is_promoted(
         )
     assert then.chains == (), "no promotion: nothing armed"  # its followups are not carried out
     assert _did(sweeper.sweep(T0 + s(3))) == {"promoted": 1}
-    assert run_row(settings, waiting).claim == ClaimState.HOLDING
+    assert run_row(settings, waiting).concurrency == ConcurrencyState.HOLDING
     assert [plan.run_id for plan in dispatcher.chains] == [waiting]
 
 

@@ -25,7 +25,7 @@ from orchestration.core.states import (
     STEP_TERMINAL,
     STEP_TRANSITIONS,
     STOP_REASONS,
-    ClaimState,
+    ConcurrencyState,
     RunStatus,
     StepStatus,
     StopReason,
@@ -385,9 +385,9 @@ def test_end_run_of_a_terminal_run_raises_and_writes_nothing(settings: Settings)
 def test_end_run_passes_the_claim_to_the_next_queued_run(settings: Settings) -> None:
     holder = launch(settings, concurrency_key="k")
     waiting = launch(settings, concurrency_key="k", on_conflict=concurrency.OnConflict.ENQUEUE)
-    assert (run_row(settings, holder).claim, run_row(settings, waiting).claim) == (
-        ClaimState.HOLDING,
-        ClaimState.QUEUED,
+    assert (run_row(settings, holder).concurrency, run_row(settings, waiting).concurrency) == (
+        ConcurrencyState.HOLDING,
+        ConcurrencyState.QUEUED,
     )
     dispatcher = RecordingDispatcher()
 
@@ -406,8 +406,8 @@ def test_end_run_passes_the_claim_to_the_next_queued_run(settings: Settings) -> 
 
     then = Executor(settings, dispatcher)(work)
     assert [plan.run_id for plan in then.chains] == [waiting]
-    assert run_row(settings, holder).claim is None
-    assert run_row(settings, waiting).claim == ClaimState.HOLDING
+    assert run_row(settings, holder).concurrency is None
+    assert run_row(settings, waiting).concurrency == ConcurrencyState.HOLDING
     assert [plan.run_id for plan in dispatcher.chains] == [waiting]
     assert dispatcher.chains[0].task_ids == run_row(settings, waiting).task_ids
 

@@ -734,7 +734,7 @@ def test_the_launch_record_is_the_row_as_committed(settings: Settings) -> None:
     orch = Orchestrator(settings, queue)
     holder = orch.launch(workflow(), owner="o", concurrency_key="k", on_conflict="enqueue")
     queued = orch.launch(workflow(), owner="o", concurrency_key="k", on_conflict="enqueue")
-    assert (holder.claim, queued.claim) == ("holding", "queued")
+    assert (holder.concurrency, queued.concurrency) == ("holding", "queued")
     assert holder.task_ids == queue.chains[0].task_ids
     assert holder.steps[0].celery_task_id == queue.chains[0].task_ids[0]
     for record in (holder, queued):
