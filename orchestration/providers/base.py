@@ -108,6 +108,28 @@ class TurnStatus:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What a step's turn runs on, as the agent (or server) describes itself: what a run
+    shows per step, and what pinning compares (``version``)."""
+
+    #: The agent's or server's own name.
+    name: str | None
+    #: Its version as it states it; ``None`` when it states none (nothing to pin then).
+    version: str | None
+    #: What else identifies it: an A2A skill, an MCP tool, a LangGraph assistant id.
+    detail: Mapping[str, JSON] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Describes(Protocol):
+    """A provider that can say what a step would run on now (a bounded call, through the
+    egress rules like every other)."""
+
+    def describe(self, options: Mapping[str, Any]) -> Evidence:
+        """The agent's evidence for a step with these ``with:`` options."""
+
+
 @runtime_checkable
 class Provider(Protocol):
     """An agent runtime adapter. See the module docstring for the contract."""
