@@ -117,11 +117,25 @@ class Director:
             return
         log = self._stack.enter_context((self.folder / "director-worker.log").open("ab"))
         worker = subprocess.Popen(
-            [str(self.venv / "bin" / "celery"), "-A", "bench_director_app:cel", "worker",
-             *WORKER_FLAGS, "-n", f"{name}@%h", "-Q", queue, "-l", "WARNING"],
-            env=self._env, cwd=self._home, stdout=log, stderr=subprocess.STDOUT,
+            [
+                str(self.venv / "bin" / "celery"),
+                "-A",
+                "bench_director_app:cel",
+                "worker",
+                *WORKER_FLAGS,
+                "-n",
+                f"{name}@%h",
+                "-Q",
+                queue,
+                "-l",
+                "WARNING",
+            ],
+            env=self._env,
+            cwd=self._home,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
         self._stack.callback(_stop, worker)
         deadline = time.monotonic() + 60
         while len(psutil.Process(worker.pid).children()) < 2:

@@ -46,10 +46,16 @@ from orchestration.service import Orchestrator
 def _launch(settings: Settings, flow: dict[str, Any]) -> str:
     """Write a run (no broker: its chain is not sent)."""
     return launching.launch(
-        Executor(settings, None), settings, flow, None, owner="bench-profile",
-        request_id=uuid.uuid4().hex, concurrency_key=None,
-        on_conflict=concurrency.OnConflict.REJECT, now=utcnow(),
-    )  # fmt: skip
+        Executor(settings, None),
+        settings,
+        flow,
+        None,
+        owner="bench-profile",
+        request_id=uuid.uuid4().hex,
+        concurrency_key=None,
+        on_conflict=concurrency.OnConflict.REJECT,
+        now=utcnow(),
+    )
 
 
 def _stepper(settings: Settings) -> Stepper:

@@ -84,9 +84,20 @@ class Stack:
         flags = list(WORKER_FLAGS)
         flags[flags.index("-c") + 1] = str(concurrency)
         argv = [
-            sys.executable, "-m", "celery", "-A", app, "worker", *flags,
-            "-n", f"bench-{self.name}@%h", "-Q", self.settings.queue, "-l", "WARNING",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            *flags,
+            "-n",
+            f"bench-{self.name}@%h",
+            "-Q",
+            self.settings.queue,
+            "-l",
+            "WARNING",
+        ]
         log = self.folder / f"worker-{len(self.processes)}.log"
         worker = ManagedProcess(argv, self.env, log)
         self.processes.append(worker)

@@ -165,9 +165,14 @@ def reads(url: str, size: int, now: datetime, repeat: int, downloads: int) -> di
             session.execute(insert(Run), [run])
             session.execute(insert(Step), steps)
             kept = artifacts.keep(
-                session, kind, owner=owner, run_pk=run["id"], step_index=2, value=value,
+                session,
+                kind,
+                owner=owner,
+                run_pk=run["id"],
+                step_index=2,
+                value=value,
                 now=now,
-            )  # fmt: skip
+            )
             if not isinstance(kept, artifacts.Kept):
                 raise SystemExit(f"{name}: {kept}")
             if (kept.sha256 is not None) != (name == "artifact"):
@@ -247,10 +252,17 @@ def measure(options: argparse.Namespace) -> dict[str, Any]:
         read = reads(url, size, now, options.repeat, options.downloads)
         return {
             "database": make_url(url).get_backend_name(),
-            "runs": options.runs, "recent": options.recent, "live": options.live,
-            "seeded_artifacts": seeded.artifacts, "seconds": seconds,
-            "prune": report, "checks": checked, "sizes": sizes, "load": load, "reads": read,
-        }  # fmt: skip
+            "runs": options.runs,
+            "recent": options.recent,
+            "live": options.live,
+            "seeded_artifacts": seeded.artifacts,
+            "seconds": seconds,
+            "prune": report,
+            "checks": checked,
+            "sizes": sizes,
+            "load": load,
+            "reads": read,
+        }
 
 
 def render(result: dict[str, Any]) -> str:

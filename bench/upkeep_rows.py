@@ -33,11 +33,18 @@ STEPS = ("plan", "draft", "review")
 WORKFLOW = {
     "name": "report",
     "steps": [
-        {"id": step, "provider": "scripted", "task": f"{step} the report on {{{{ args.topic }}}}",
-         "with": {}, "timeout": 1800.0, "poll_interval": 1.0, "max_poll_interval": 10.0}
+        {
+            "id": step,
+            "provider": "scripted",
+            "task": f"{step} the report on {{{{ args.topic }}}}",
+            "with": {},
+            "timeout": 1800.0,
+            "poll_interval": 1.0,
+            "max_poll_interval": 10.0,
+        }
         for step in STEPS
     ],
-}  # fmt: skip
+}
 #: The journal of a completed three-step run whose last turn parked once: six transitions.
 EVENTS = (
     (None, "pending", "running"),
@@ -83,14 +90,27 @@ def run_rows(
     owner = OWNERS[index % len(OWNERS)]
     at = ended or now
     run = {
-        "id": run_id, "owner": owner, "request_id": run_id, "fingerprint": "f" * 64,
-        "workflow_name": "report", "workflow": WORKFLOW, "args": {"topic": f"topic {index}"},
-        "status": status, "cause": "bench seed", "stop_reason": "completed" if ended else None,
-        "created_at": at - timedelta(minutes=3), "started_at": at - timedelta(minutes=3),
-        "updated_at": at, "heartbeat_at": at, "finished_at": ended,
-        "deadline_at": None if ended else now + timedelta(hours=1), "task_ids": [run_id],
-        "current_step": 2 if ended else 0, "rearms": 0, "needs_review": False,
-    }  # fmt: skip
+        "id": run_id,
+        "owner": owner,
+        "request_id": run_id,
+        "fingerprint": "f" * 64,
+        "workflow_name": "report",
+        "workflow": WORKFLOW,
+        "args": {"topic": f"topic {index}"},
+        "status": status,
+        "cause": "bench seed",
+        "stop_reason": "completed" if ended else None,
+        "created_at": at - timedelta(minutes=3),
+        "started_at": at - timedelta(minutes=3),
+        "updated_at": at,
+        "heartbeat_at": at,
+        "finished_at": ended,
+        "deadline_at": None if ended else now + timedelta(hours=1),
+        "task_ids": [run_id],
+        "current_step": 2 if ended else 0,
+        "rearms": 0,
+        "needs_review": False,
+    }
     steps = []
     for position, step_id in enumerate(STEPS):
         done = ended is not None
@@ -102,19 +122,34 @@ def run_rows(
             created, used = shared.get((owner, sha256), (data, at, at))[1:]
             shared[(owner, sha256)] = (data, min(created, at), max(used, at))
             output = artifacts.ref(sha256, len(data), artifacts.TEXT)
-        steps.append({
-            "run_id": run_id, "index": position, "step_id": step_id, "provider": "scripted",
-            "status": "completed" if done else ("running" if position == 0 else "pending"),
-            "cause": "bench seed",
-            "attempt": 1, "polls": 3 if done else 0, "input": f"{step_id} the report",
-            "output": output if done else None, "output_sha256": sha256,
-            "created_at": at, "updated_at": at,
-        })  # fmt: skip
+        steps.append(
+            {
+                "run_id": run_id,
+                "index": position,
+                "step_id": step_id,
+                "provider": "scripted",
+                "status": "completed" if done else ("running" if position == 0 else "pending"),
+                "cause": "bench seed",
+                "attempt": 1,
+                "polls": 3 if done else 0,
+                "input": f"{step_id} the report",
+                "output": output if done else None,
+                "output_sha256": sha256,
+                "created_at": at,
+                "updated_at": at,
+            }
+        )
     events = [
-        {"run_id": run_id, "step_id": step, "from_status": old, "to_status": new,
-         "cause": "bench seed", "at": at}
+        {
+            "run_id": run_id,
+            "step_id": step,
+            "from_status": old,
+            "to_status": new,
+            "cause": "bench seed",
+            "at": at,
+        }
         for step, old, new in (EVENTS if ended else EVENTS[:1])
-    ]  # fmt: skip
+    ]
     return run, steps, events
 
 
@@ -149,10 +184,17 @@ def seed(url: str, old: int, recent: int, live: int, now: datetime) -> Seeded:
                 connection.execute(insert(Step), steps)
                 connection.execute(insert(RunEvent), events)
     rows = [
-        {"owner": owner, "sha256": sha256, "size": len(data), "media_type": artifacts.TEXT,
-         "content": data, "created_at": created, "used_at": used}
+        {
+            "owner": owner,
+            "sha256": sha256,
+            "size": len(data),
+            "media_type": artifacts.TEXT,
+            "content": data,
+            "created_at": created,
+            "used_at": used,
+        }
         for (owner, sha256), (data, created, used) in shared.items()
-    ]  # fmt: skip
+    ]
     with engine.begin() as connection:
         connection.execute(insert(Artifact), rows)
     kept = {key for key, (_, _, used) in shared.items() if used > now - timedelta(days=30)}

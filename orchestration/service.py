@@ -351,9 +351,15 @@ class Orchestrator(RegisteredWorkflows):
         def decide(session: Session) -> Done[None]:
             owned.owned(session, run_id, owner)
             then = approving.decide(
-                session, self.settings, run_id, step_id,
-                approve=approve, comment=comment, by=owner, now=now,
-            )  # fmt: skip
+                session,
+                self.settings,
+                run_id,
+                step_id,
+                approve=approve,
+                comment=comment,
+                by=owner,
+                now=now,
+            )
             return Done(None, then)
 
         self.transact(decide)

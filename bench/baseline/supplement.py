@@ -36,9 +36,16 @@ from orchestration.runs import concurrency, launching
 
 def _launch(settings: Settings, flow: dict[str, Any]) -> str:
     return launching.launch(  # type: ignore[call-arg]
-        settings, None, flow, None, owner="bench-profile", request_id=uuid.uuid4().hex,
-        concurrency_key=None, on_conflict=concurrency.OnConflict.REJECT, now=utcnow(),
-    )  # fmt: skip
+        settings,
+        None,
+        flow,
+        None,
+        owner="bench-profile",
+        request_id=uuid.uuid4().hex,
+        concurrency_key=None,
+        on_conflict=concurrency.OnConflict.REJECT,
+        now=utcnow(),
+    )
 
 
 def _polls(settings: Settings, counts: Counts, links: int, driven: int) -> dict[str, Any]:

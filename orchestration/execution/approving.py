@@ -47,9 +47,13 @@ def ask(
     assert spec.approval is not None
     if step.status == StepStatus.PENDING:
         transition_step(
-            session, step, StepStatus.RUNNING, cause="approval requested", now=now,
+            session,
+            step,
+            StepStatus.RUNNING,
+            cause="approval requested",
+            now=now,
             values={"input": prompt},
-        )  # fmt: skip
+        )
     expires = now + timedelta(seconds=spec.approval.expires_in)
     parking.park(
         session, settings, run, step, ParkReason.APPROVAL, now, waiting_until=expires, prompt=prompt
@@ -79,10 +83,15 @@ def decide(
         )
     decision = "approved" if approve else "rejected"
     return _settle(
-        session, settings, run, step, now,
+        session,
+        settings,
+        run,
+        step,
+        now,
         output={"decision": decision, "by": by, "comment": comment, "at": now.isoformat()},
-        go_on=approve, stop=StopReason.APPROVAL_REJECTED,
-    )  # fmt: skip
+        go_on=approve,
+        stop=StopReason.APPROVAL_REJECTED,
+    )
 
 
 def expire(session: Session, settings: Settings, run_id: str, now: datetime) -> Followups | None:
@@ -100,12 +109,21 @@ def expire(session: Session, settings: Settings, run_id: str, now: datetime) -> 
     assert spec.approval is not None
     on = spec.approval.on_expiry
     return _settle(
-        session, settings, run, step, now,
-        output={"decision": "expired", "by": None, "comment": None, "at": now.isoformat(),
-                "applied": on.value},
+        session,
+        settings,
+        run,
+        step,
+        now,
+        output={
+            "decision": "expired",
+            "by": None,
+            "comment": None,
+            "at": now.isoformat(),
+            "applied": on.value,
+        },
         go_on=on is OnExpiry.APPROVE,
         stop=StopReason.APPROVAL_REJECTED if on is OnExpiry.REJECT else StopReason.APPROVAL_EXPIRED,
-    )  # fmt: skip
+    )
 
 
 def _parked(session: Session, run_id: str, step_id: str, now: datetime) -> tuple[Run, Step]:
@@ -153,15 +171,30 @@ def _settle(
     if go_on:
         parking.unpark(session, run, step, now)
         return finishing.complete(
-            session, settings, run, step, artifacts.Kept(output), _SETTLED, now,
-            steps=len(decoded.of_run(session, run.id)), chained=False,
+            session,
+            settings,
+            run,
+            step,
+            artifacts.Kept(output),
+            _SETTLED,
+            now,
+            steps=len(decoded.of_run(session, run.id)),
+            chained=False,
             values={"output": output, "prompt": None},
-        ).then  # fmt: skip
+        ).then
     touch_step(session, step, now, output=output)
     said = output["decision"] + (f" by {output['by']}" if output.get("by") else "")
     comment = f": {output['comment']}" if output.get("comment") else ""
     return closing.end_run(
-        session, settings, run.id, RunStatus.FAILED, stop_reason=stop,
-        cause=f"approval {said}", now=now, error=f"step {step.step_id}: {said}{comment}",
-        step_error=f"{said}{comment}", revoke=False, stop_turns=False,
-    )  # fmt: skip
+        session,
+        settings,
+        run.id,
+        RunStatus.FAILED,
+        stop_reason=stop,
+        cause=f"approval {said}",
+        now=now,
+        error=f"step {step.step_id}: {said}{comment}",
+        step_error=f"{said}{comment}",
+        revoke=False,
+        stop_turns=False,
+    )

@@ -164,13 +164,21 @@ def _row(parent: Run, made: Branch, now: datetime, **values: Any) -> Run:
 
 
 def write(
-    session: Session, settings: Settings, parent: Run, spec: StepSpec, made: Branch,
-    now: datetime, *, admit: bool,
-) -> ChainPlan | None:  # fmt: skip
+    session: Session,
+    settings: Settings,
+    parent: Run,
+    spec: StepSpec,
+    made: Branch,
+    now: datetime,
+    *,
+    admit: bool,
+) -> ChainPlan | None:
     """Insert one branch run and its step; return its first segment if it is admitted now."""
     waiting = "" if admit else "; waiting for a slot"
     run = _row(
-        parent, made, now,
+        parent,
+        made,
+        now,
         status=RunStatus.QUEUED.value,
         cause=f"branch {made.key} of step {spec.id} of run {parent.id}{waiting}",
         # Admitted: its heartbeat's deadline; waiting for a slot: its parent's, which ends
@@ -179,7 +187,7 @@ def write(
         if admit
         else parent.deadline_at,
         concurrency=None if admit else ConcurrencyState.SLOT.value,
-    )  # fmt: skip
+    )
     plan = chains.plan_chain(run.id, 0, 1) if admit else None
     run.task_ids = plan.task_ids if plan else []
     session.add(run)

@@ -66,9 +66,13 @@ def limit(spec: StepSpec, settings: Settings) -> int:
 
 
 def expand(
-    session: Session, settings: Settings, run_id: str, entry: Entry, context: dict[str, Any],
+    session: Session,
+    settings: Settings,
+    run_id: str,
+    entry: Entry,
+    context: dict[str, Any],
     now: datetime,
-) -> Done[Outcome]:  # fmt: skip
+) -> Done[Outcome]:
     """Write the step's branch runs, send the first ``max_concurrency`` and park the parent;
     fail the run clearly if the items are not a list or are over their bounds."""
     spec = entry.spec
@@ -108,13 +112,21 @@ def expand(
     items = [item for _, _, item in branches] if spec.for_each is not None else None
     also = f"; {len(reused)} reused from run {run.rerun_of}" if reused else ""
     transition_step(
-        session, step, StepStatus.RUNNING, cause=f"{len(branches)} branches starting{also}",
-        now=now, values={"input": items if items is not None else [key for key, _, _ in branches]},
-    )  # fmt: skip
+        session,
+        step,
+        StepStatus.RUNNING,
+        cause=f"{len(branches)} branches starting{also}",
+        now=now,
+        values={"input": items if items is not None else [key for key, _, _ in branches]},
+    )
     if entry.run_status is RunStatus.QUEUED:
         transition_run(
-            session, run_id, RunStatus.RUNNING, cause="first step starting", now=now,
-        )  # fmt: skip
+            session,
+            run_id,
+            RunStatus.RUNNING,
+            cause="first step starting",
+            now=now,
+        )
     session.refresh(run)  # transitions write SQL directly
     session.refresh(step)
     for one in planned:
@@ -230,15 +242,20 @@ def listed(session: Session, run_id: str) -> dict[int, list[dict[str, Any]]]:
         if rows:
             listed[index] = [
                 {
-                    "id": row.branch_key, "index": row.branch, "run_id": row.id,
-                    "status": row.status.value, "attempt": row.attempt,
+                    "id": row.branch_key,
+                    "index": row.branch,
+                    "run_id": row.id,
+                    "status": row.status.value,
+                    "attempt": row.attempt,
                     "output": None if row.output_sha256 else row.output,
                     "output_artifact": row.output if row.output_sha256 else None,
-                    "error": row.error, "provider_run_id": row.provider_run_id,
-                    "started_at": row.started_at, "finished_at": row.finished_at,
+                    "error": row.error,
+                    "provider_run_id": row.provider_run_id,
+                    "started_at": row.started_at,
+                    "finished_at": row.finished_at,
                 }
                 for row in rows
-            ]  # fmt: skip
+            ]
     return listed
 
 
@@ -252,9 +269,14 @@ def admit(session: Session, settings: Settings, run_id: str, now: datetime) -> F
 
 
 def _join(
-    session: Session, settings: Settings, run: Run, step: Step, spec: StepSpec,
-    branches: list[Any], now: datetime,
-) -> Followups:  # fmt: skip
+    session: Session,
+    settings: Settings,
+    run: Run,
+    step: Step,
+    spec: StepSpec,
+    branches: list[Any],
+    now: datetime,
+) -> Followups:
     """Every branch completed: the step's output is theirs, as a list in item order
     (``for_each``) or a map by step id (``parallel``)."""
     values = [artifacts.resolved(session, settings, run.owner, branch) for branch in branches]
@@ -262,34 +284,57 @@ def _join(
     if spec.parallel is not None:
         output = {branch.branch_key: value for branch, value in zip(branches, values, strict=True)}
     kept = artifacts.keep(
-        session, settings, owner=run.owner, run_pk=run.id, step_index=step.index, value=output,
+        session,
+        settings,
+        owner=run.owner,
+        run_pk=run.id,
+        step_index=step.index,
+        value=output,
         now=now,
-    )  # fmt: skip
+    )
     if isinstance(kept, str):
         return fail(session, settings, run.id, f"step {spec.id}: {kept}", now, over=True)
     parking.unpark(session, run, step, now)
     return finishing.complete(
-        session, settings, run, step, kept, _SETTLED, now,
-        steps=len(decoded.of_run(session, run.id)), chained=False,
+        session,
+        settings,
+        run,
+        step,
+        kept,
+        _SETTLED,
+        now,
+        steps=len(decoded.of_run(session, run.id)),
+        chained=False,
         values={"output": kept.value, "output_sha256": kept.sha256},
-    ).then  # fmt: skip
+    ).then
 
 
 def _fail(
-    session: Session, settings: Settings, run: Run, step: Step, spec: StepSpec,
-    failed: list[Any], count: int, now: datetime,
-) -> Followups:  # fmt: skip
+    session: Session,
+    settings: Settings,
+    run: Run,
+    step: Step,
+    spec: StepSpec,
+    failed: list[Any],
+    count: int,
+    now: datetime,
+) -> Followups:
     first = failed[0]
     why = first.error or first.stop_reason or first.status
     error = f"branch {first.branch_key} (run {first.id}) ended {first.status}: {why}"
     if len(failed) > 1:
         error += f"; {len(failed)} of {count} branches did not complete"
     return closing.end_run(
-        session, settings, run.id, RunStatus.FAILED, stop_reason=StopReason.STEP_FAILED,
-        cause=f"step {spec.id}: branch {first.branch_key} ended {first.status}", now=now,
+        session,
+        settings,
+        run.id,
+        RunStatus.FAILED,
+        stop_reason=StopReason.STEP_FAILED,
+        cause=f"step {spec.id}: branch {first.branch_key} ended {first.status}",
+        now=now,
         error=f"step {spec.id}: {bounds.error_text(error, settings)}",
         step_error=bounds.error_text(error, settings),
-    )  # fmt: skip
+    )
 
 
 def end_orphan(session: Session, settings: Settings, run_id: str, now: datetime) -> Done[bool]:
@@ -305,8 +350,13 @@ def end_orphan(session: Session, settings: Settings, run_id: str, now: datetime)
     if parent_status is None or parent_status not in RUN_TERMINAL:
         return Done(False)
     then = closing.end_run(
-        session, settings, run_id, RunStatus.CANCELLED, stop_reason=StopReason.PARENT_ENDED,
-        cause=f"its parent run ended {parent_status}", now=now,
-    )  # fmt: skip
+        session,
+        settings,
+        run_id,
+        RunStatus.CANCELLED,
+        stop_reason=StopReason.PARENT_ENDED,
+        cause=f"its parent run ended {parent_status}",
+        now=now,
+    )
     # The parent has ended: there is nothing to settle.
     return Done(True, Followups(then.chains, then.revoke, then.stops, then.ends))

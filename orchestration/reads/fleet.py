@@ -133,8 +133,13 @@ def snapshot(session: Session, settings: Settings, now: datetime) -> Fleet:
     # series' window ends at the start of this minute.
     series_start = fleet_series.minute_of(now) - WINDOW
     return Fleet(
-        now, workers, sweepers, by_health, past,
-        _per_minute(created, start, minutes), _per_minute(finished, start, minutes),
+        now,
+        workers,
+        sweepers,
+        by_health,
+        past,
+        _per_minute(created, start, minutes),
+        _per_minute(finished, start, minutes),
         fleet_series.per_minute(session, fleet_series.Series.POLL_LATENESS, series_start, minutes),
         fleet_series.per_minute(session, fleet_series.Series.SWEEP_SECONDS, series_start, minutes),
-    )  # fmt: skip
+    )

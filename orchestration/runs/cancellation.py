@@ -151,9 +151,15 @@ def finish(
     """
     if live is None:
         live = _read_live(
-            transact, settings, run_id, now=now, cause=cause, revoke=revoke,
-            lock_timeout=lock_timeout, inline=inline,
-        )  # fmt: skip
+            transact,
+            settings,
+            run_id,
+            now=now,
+            cause=cause,
+            revoke=revoke,
+            lock_timeout=lock_timeout,
+            inline=inline,
+        )
     if live is None:
         return False
     if inline:
@@ -202,10 +208,16 @@ def _read_live(
         return live
     for branch in live:
         finish(
-            transact, settings, branch, now=now, stop_reason=StopReason.PARENT_ENDED,
-            cause=f"{cause} (its parent run)", revoke=True, lock_timeout=lock_timeout,
+            transact,
+            settings,
+            branch,
+            now=now,
+            stop_reason=StopReason.PARENT_ENDED,
+            cause=f"{cause} (its parent run)",
+            revoke=True,
+            lock_timeout=lock_timeout,
             inline=inline,
-        )  # fmt: skip
+        )
     ended = transact(lambda session: _live(session, run_id, revoke=revoke, branches=False))
     assert not isinstance(ended, tuple)
     return ended

@@ -39,9 +39,18 @@ CHECKPOINT = "checkpoint"
 _CHECKPOINTS = cast(Table, Checkpoint.__table__)
 _EFFECTS = cast(Table, Effect.__table__)
 _OUTBOX_COLUMNS = (
-    "run_id", "step_index", "attempt", "kind", "attempts", "max_attempts", "created_at",
-    "updated_at", "status", "last_error", "next_attempt_at",
-)  # fmt: skip
+    "run_id",
+    "step_index",
+    "attempt",
+    "kind",
+    "attempts",
+    "max_attempts",
+    "created_at",
+    "updated_at",
+    "status",
+    "last_error",
+    "next_attempt_at",
+)
 #: Built once (a step that finishes pays for binding, not building): an inline checkpoint's
 #: outbox row.
 _EFFECT_ROW = (

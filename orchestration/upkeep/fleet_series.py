@@ -89,10 +89,15 @@ def record(session: Session, series: Series, source: str, at: datetime, seen: Su
     if seen.count:
         session.add(
             FleetSample(
-                series=series.value, source=source[:200], at=at, count=seen.count,
-                total=seen.total, largest=seen.largest, buckets=list(seen.buckets),
+                series=series.value,
+                source=source[:200],
+                at=at,
+                count=seen.count,
+                total=seen.total,
+                largest=seen.largest,
+                buckets=list(seen.buckets),
             )
-        )  # fmt: skip
+        )
 
 
 def per_minute(
@@ -103,14 +108,17 @@ def per_minute(
     found: list[Summary | None] = [None] * minutes
     rows = session.execute(
         select(
-            FleetSample.at, FleetSample.count, FleetSample.total, FleetSample.largest,
+            FleetSample.at,
+            FleetSample.count,
+            FleetSample.total,
+            FleetSample.largest,
             FleetSample.buckets,
         ).where(
             FleetSample.series == series.value,
             FleetSample.at >= start,
             FleetSample.at < start + timedelta(minutes=minutes),
         )
-    )  # fmt: skip
+    )
     for at, count, total, largest, buckets in rows:
         slot = int((at - start).total_seconds() // 60)
         summary = found[slot] = found[slot] or Summary()

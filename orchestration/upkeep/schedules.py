@@ -192,12 +192,18 @@ def _fire_one(
             _cancel(transact, settings, schedule, run_id, now)
     try:
         launching.launch_then(
-            transact, settings, schedule.definition, spec.args, owner=schedule.owner,
-            request_id=rid, concurrency_key=None, on_conflict=concurrency.OnConflict.REJECT,
+            transact,
+            settings,
+            schedule.definition,
+            spec.args,
+            owner=schedule.owner,
+            request_id=rid,
+            concurrency_key=None,
+            on_conflict=concurrency.OnConflict.REJECT,
             now=now,
             read=lambda session, made: _claim(session, schedule, at, rid, made.run.id, now),
             version=schedule.version,
-        )  # fmt: skip
+        )
     except _Taken:
         return None
     except OrchestrationError as exc:
@@ -215,9 +221,15 @@ def _cancel(
     requested = cancellation.request(transact, settings, run_id, now=now, by=by, stop=True)
     if requested is not None:
         cancellation.finish(
-            transact, settings, run_id, now=now, stop_reason=StopReason.CANCEL_REQUESTED,
-            cause=f"cancelled by the next fire of {by}", revoke=True, live=requested.live,
-        )  # fmt: skip
+            transact,
+            settings,
+            run_id,
+            now=now,
+            stop_reason=StopReason.CANCEL_REQUESTED,
+            cause=f"cancelled by the next fire of {by}",
+            revoke=True,
+            live=requested.live,
+        )
 
 
 def _live_before(session: Session, schedule: Schedule, at: datetime) -> list[str]:
@@ -254,9 +266,15 @@ def _row(
     schedule: Schedule, at: datetime, rid: str, status: FireStatus, now: datetime, **values: Any
 ) -> ScheduleFire:
     return ScheduleFire(
-        owner=schedule.owner, name=schedule.name, version=schedule.version, fire_at=at,
-        status=status.value, request_id=rid, recorded_at=now, **values,
-    )  # fmt: skip
+        owner=schedule.owner,
+        name=schedule.name,
+        version=schedule.version,
+        fire_at=at,
+        status=status.value,
+        request_id=rid,
+        recorded_at=now,
+        **values,
+    )
 
 
 def _claim(
@@ -343,18 +361,25 @@ def listing(session: Session, owner: str, now: datetime, *, last: int = 5) -> li
         ).all()
         upcoming = itertools.islice(fires_after(schedule.spec, max(now, one.cursor)), 3)
         pause_row = session.get(SchedulePause, (owner, schedule.name))
-        shown.append({
-            "name": schedule.name, "ref": f"{schedule.name}@{schedule.version}",
-            "schedule": schedule.spec.as_dict(), "paused": one.paused,
-            "paused_at": pause_row.paused_at.isoformat() if pause_row else None,
-            "next_fires": [at.isoformat() for at in upcoming],
-            "last_fires": [
-                {
-                    "fire_at": fire.fire_at.isoformat(), "status": fire.status,
-                    "version": fire.version, "run_id": fire.run_id, "run_status": status,
-                    "reason": fire.reason,
-                }
-                for fire, status in fires
-            ],
-        })  # fmt: skip
+        shown.append(
+            {
+                "name": schedule.name,
+                "ref": f"{schedule.name}@{schedule.version}",
+                "schedule": schedule.spec.as_dict(),
+                "paused": one.paused,
+                "paused_at": pause_row.paused_at.isoformat() if pause_row else None,
+                "next_fires": [at.isoformat() for at in upcoming],
+                "last_fires": [
+                    {
+                        "fire_at": fire.fire_at.isoformat(),
+                        "status": fire.status,
+                        "version": fire.version,
+                        "run_id": fire.run_id,
+                        "run_status": status,
+                        "reason": fire.reason,
+                    }
+                    for fire, status in fires
+                ],
+            }
+        )
     return shown

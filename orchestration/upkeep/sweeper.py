@@ -183,23 +183,35 @@ class Sweeper:
 
     def _parks_expired(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         return self._close(
-            run, rule, now, RunStatus.TIMED_OUT, StopReason.PARK_EXPIRED,
+            run,
+            rule,
+            now,
+            RunStatus.TIMED_OUT,
+            StopReason.PARK_EXPIRED,
             f"{run.park_reason} park ran past its budget (sweeper)",
-        )  # fmt: skip
+        )
 
     def _interrupted(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         return self._close(
-            run, rule, now, RunStatus.INTERRUPTED, StopReason.HEARTBEAT_LOST,
+            run,
+            rule,
+            now,
+            RunStatus.INTERRUPTED,
+            StopReason.HEARTBEAT_LOST,
             f"heartbeat dead after {run.rearms} re-arms (sweeper)",
-        )  # fmt: skip
+        )
 
     def _deadlines_exceeded(self, run: Run, rule: sweep_rules.Rule, now: datetime) -> bool:
         # The backstop: a live run past the deadline it stated, with a fresh heartbeat, is one
         # whose own bound (a step timeout) went unenforced, e.g. behind an overloaded worker.
         return self._close(
-            run, rule, now, RunStatus.TIMED_OUT, StopReason.DEADLINE_EXCEEDED,
+            run,
+            rule,
+            now,
+            RunStatus.TIMED_OUT,
+            StopReason.DEADLINE_EXCEEDED,
             "run passed its deadline_at and nothing had ended it (sweeper)",
-        )  # fmt: skip
+        )
 
     def _close(
         self,
@@ -357,9 +369,12 @@ def _write_beat(session: Session, now: datetime, report: dict[str, Any]) -> Done
         beat.last_pass_seconds = report["seconds"]
         beat.last_report = report
     fleet_series.record(
-        session, fleet_series.Series.SWEEP_SECONDS, SWEEPER_NAME, now,
+        session,
+        fleet_series.Series.SWEEP_SECONDS,
+        SWEEPER_NAME,
+        now,
         fleet_series.Summary.of([report["seconds"]]),
-    )  # fmt: skip
+    )
     fleet_series.forget(session, now)
     return Done(None)
 

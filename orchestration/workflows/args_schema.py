@@ -19,10 +19,22 @@ from orchestration.core.errors import ValidationError
 
 TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
 _KEYWORDS = {
-    "type", "properties", "required", "additionalProperties", "items", "enum", "minimum",
-    "maximum", "minLength", "maxLength", "minItems", "maxItems", "title", "description",
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "title",
+    "description",
     "default",
-}  # fmt: skip
+}
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
 #: Deeper schemas are refused: nesting past this is a mistake or an attack.
 MAX_DEPTH = 16

@@ -49,11 +49,15 @@ class Definition:
     def summary(self) -> dict[str, Any]:
         """What ``workflows list`` and ``GET /workflows`` show (no definition body)."""
         return {
-            "ref": self.ref, "name": self.name, "version": self.version, "sha256": self.sha256,
-            "shared": self.shared, "steps": len(self.definition["steps"]),
+            "ref": self.ref,
+            "name": self.name,
+            "version": self.version,
+            "sha256": self.sha256,
+            "shared": self.shared,
+            "steps": len(self.definition["steps"]),
             "args_schema": self.definition.get("args_schema"),
             "created_at": self.created_at.isoformat(),
-        }  # fmt: skip
+        }
 
 
 def _of(row: WorkflowDefinition) -> Definition:
@@ -103,9 +107,13 @@ def register(
             )
         )
         row = WorkflowDefinition(
-            owner=scope, name=name, version=(latest or 0) + 1, sha256=sha256,
-            definition=definition, created_at=now,
-        )  # fmt: skip
+            owner=scope,
+            name=name,
+            version=(latest or 0) + 1,
+            sha256=sha256,
+            definition=definition,
+            created_at=now,
+        )
         try:
             with session.begin_nested():  # a concurrent register took the version: look again
                 session.add(row)
@@ -145,8 +153,9 @@ def listed(session: Session, owner: str, name: str | None = None) -> list[Defini
         query = query.where(WorkflowDefinition.name == name)
     rows = session.scalars(
         query.order_by(
-            WorkflowDefinition.name, WorkflowDefinition.owner.desc(),
+            WorkflowDefinition.name,
+            WorkflowDefinition.owner.desc(),
             WorkflowDefinition.version.desc(),
         )
-    )  # fmt: skip
+    )
     return [_of(row) for row in rows]

@@ -382,10 +382,13 @@ def test_metrics_counters_never_go_down_when_runs_are_pruned(scratch: Settings) 
     ):
         finished = now - ago
         insert_run(
-            scratch, status, now=finished - timedelta(seconds=5), finished_at=finished,
+            scratch,
+            status,
+            now=finished - timedelta(seconds=5),
+            finished_at=finished,
             stop_reason=reason,
             cancel_requested_at=None if latency is None else finished - timedelta(seconds=latency),
-        )  # fmt: skip
+        )
     insert_run(scratch, "running", now=now)
     early = RunMetrics(scratch, lambda: now)
     before = _counters(early)
@@ -402,12 +405,23 @@ def test_metrics_counters_never_go_down_when_runs_are_pruned(scratch: Settings) 
     later = now + 3 * SETTLE
     assert _counters(RunMetrics(scratch, lambda: later)) == before
     insert_run(
-        scratch, "completed", now=now, finished_at=now + timedelta(seconds=1),
+        scratch,
+        "completed",
+        now=now,
+        finished_at=now + timedelta(seconds=1),
         stop_reason="completed",
-    )  # fmt: skip
+    )
     after = _counters(early)["orchestration_run_terminal_transitions"]
-    assert after[("orchestration_run_terminal_transitions_total", ("status", "completed"),
-                  ("stop_reason", "completed"))] == 2  # fmt: skip
+    assert (
+        after[
+            (
+                "orchestration_run_terminal_transitions_total",
+                ("status", "completed"),
+                ("stop_reason", "completed"),
+            )
+        ]
+        == 2
+    )
     latency = before["orchestration_cancel_to_terminal_seconds"]
     assert latency[("orchestration_cancel_to_terminal_seconds_count",)] == 2
     assert round(latency[("orchestration_cancel_to_terminal_seconds_sum",)], 3) == 2.3

@@ -191,8 +191,12 @@ def test_the_shapes_example_runs_from_the_demo_with_branches_a_retry_and_an_appr
     env = {**_without_orch(dict(os.environ)), "TMPDIR": str(tmp_path), "COLUMNS": "140"}
     result = subprocess.run(
         [CLI, "demo", "--example", "shapes"],
-        env=env, capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "2=waiting for a slot" in out  # max_concurrency 2 held the third topic back
@@ -231,9 +235,15 @@ def test_the_publish_example_retries_its_draft_and_waits_for_approve(
     stack: Stack, worker: ManagedProcess
 ) -> None:
     launched = as_json(
-        cli(stack, "launch", str(EXAMPLES / "publish.yaml"), "--args", '{"topic": "tides"}',
-            "--json")
-    )  # fmt: skip
+        cli(
+            stack,
+            "launch",
+            str(EXAMPLES / "publish.yaml"),
+            "--args",
+            '{"topic": "tides"}',
+            "--json",
+        )
+    )
     run_id = launched["id"]
     wait_for(
         lambda: as_json(cli(stack, "show", run_id, "--json"))["park_reason"] == "approval",
@@ -245,8 +255,9 @@ def test_the_publish_example_retries_its_draft_and_waits_for_approve(
     draft = shown["steps"][0]
     assert (draft["attempt"], draft["status"]) == (3, "completed")
     assert [a["error"] for a in draft["past_attempts"]] == ["the model was overloaded"] * 2
-    decided = as_json(cli(stack, "approve", run_id, "--step", "review", "--comment", "ok",
-                          "--json"))  # fmt: skip
+    decided = as_json(
+        cli(stack, "approve", run_id, "--step", "review", "--comment", "ok", "--json")
+    )
     assert decided["steps"][1]["output"]["decision"] == "approved"
     done = wait_for(
         lambda: (r := as_json(cli(stack, "show", run_id, "--json")))["status"] == "completed" and r,

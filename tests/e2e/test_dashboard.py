@@ -382,9 +382,14 @@ def test_the_rerun_button_reruns_an_ended_run_from_its_failed_step(
 
 
 def test_an_operator_sees_every_owners_runs_and_cancels_one_journalled_by_name(
-    api: ApiServer, browser: Browser, worker: ManagedProcess, beat: ManagedProcess, stack: Stack,
-    orch: Orchestrator, owner: str,
-) -> None:  # fmt: skip
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    beat: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+) -> None:
     with session_scope(stack.settings.database_url) as session:
         token = tokens.create(session, None, "oncall-alice", now=utcnow(), operator=True)
     mine = orch.launch(scripted([["running"]], name="acme-job"), owner=owner)
@@ -414,8 +419,13 @@ def test_an_operator_sees_every_owners_runs_and_cancels_one_journalled_by_name(
     assert "cancelled by operator oncall-alice" in browser.evaluate("document.body.innerText")
     browser.screenshot("dashboard-operator-cancelled.png")
     # The fleet page: the worker that ran the steps, the sweeper's pass, the queue, the plots.
-    wait_for(lambda: orch.transact(lambda session: Done(fleet.snapshot(
-        session, stack.settings, orch.clock()).sweepers)), 30, what="a sweeper pass")  # fmt: skip
+    wait_for(
+        lambda: orch.transact(
+            lambda session: Done(fleet.snapshot(session, stack.settings, orch.clock()).sweepers)
+        ),
+        30,
+        what="a sweeper pass",
+    )
     browser.open(f"{api.url}/dashboard/fleet")
     workers = browser.evaluate(
         "Array.from(document.querySelectorAll('tr[data-worker]')).map(r => r.dataset.worker)"
@@ -444,16 +454,21 @@ def test_an_operator_sees_every_owners_runs_and_cancels_one_journalled_by_name(
 
 
 def test_an_owner_launches_each_registered_version_from_the_form_and_sees_it_ran(
-    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
     owner: str,
-) -> None:  # fmt: skip
+) -> None:
     def research(task: str) -> dict[str, Any]:
         flow = scripted([["completed"]], name="research")
         flow["steps"][0]["task"] = task
         flow["args_schema"] = {
-            "type": "object", "required": ["topic"],
+            "type": "object",
+            "required": ["topic"],
             "properties": {"topic": {"type": "string", "minLength": 2}},
-        }  # fmt: skip
+        }
         return flow
 
     orch.register_workflow(research("Research {{ args.topic }}"), owner=owner)
@@ -494,9 +509,13 @@ def test_an_owner_launches_each_registered_version_from_the_form_and_sees_it_ran
 
 
 def test_a_live_run_page_updates_in_place_without_a_reload(
-    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
     owner: str,
-) -> None:  # fmt: skip
+) -> None:
     run = orch.launch(scripted([["running", 4.0], ["completed"]], name="live"), owner=owner)
     wait_for(lambda: orch.get(run.id, owner=owner).status == "running", 20)
     _sign_in(browser, api, make_token(stack, owner, "browser"))
@@ -540,9 +559,13 @@ def _audit(browser: Browser, name: str) -> list[dict[str, Any]]:
 
 @pytest.mark.skipif(not AXE and not IN_CI, reason="set ORCH_TEST_AXE to axe.min.js (.ci/run does)")
 def test_every_page_has_no_serious_or_critical_axe_core_violation(
-    api: ApiServer, browser: Browser, worker: ManagedProcess, stack: Stack, orch: Orchestrator,
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
     owner: str,
-) -> None:  # fmt: skip
+) -> None:
     flow = scripted([["running", 30.0]], name="audited")
     flow["args_schema"] = {"type": "object", "properties": {"topic": {"type": "string"}}}
     flow["schedule"] = {"cron": "0 0 1 1 *", "args": {"topic": "the year"}}  # shown, not fired

@@ -763,9 +763,13 @@ def _flask(console: Console, folder: Path) -> None:
 
     def sh(command: str, *, keep: bool = True) -> str:
         done = subprocess.run(
-            ["bash", "-c", command], env=console.env, cwd=ROOT, capture_output=True, text=True,
+            ["bash", "-c", command],
+            env=console.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
             timeout=60,
-        )  # fmt: skip
+        )
         assert done.returncode == 0, f"{command}: {done.stderr}"
         if keep:
             transcript.append(f"$ {command}\n{done.stdout.rstrip()}")

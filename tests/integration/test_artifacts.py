@@ -32,9 +32,13 @@ BIG = ('quote " backslash \\ tab \t é ✓ ' * 1200)[:40000]
 def _flow() -> dict[str, Any]:
     def step(step_id: str, task: str, **options: Any) -> dict[str, Any]:
         return {
-            "id": step_id, "provider": "scripted", "task": task, "poll_interval": 0.1,
-            "max_poll_interval": 0.5, "with": {"states": [["running", 0.2], ["idle"]], **options},
-        }  # fmt: skip
+            "id": step_id,
+            "provider": "scripted",
+            "task": task,
+            "poll_interval": 0.1,
+            "max_poll_interval": 0.5,
+            "with": {"states": [["running", 0.2], ["idle"]], **options},
+        }
 
     return {
         "name": "artifacts",

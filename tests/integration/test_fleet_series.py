@@ -24,13 +24,16 @@ def test_a_workers_polls_are_counted_once_each_and_written_when_it_stops(
         "name": "t",
         "steps": [
             {
-                "id": f"s{index}", "provider": "scripted", "task": "go",
-                "poll_interval": 0.1, "max_poll_interval": 0.1,
+                "id": f"s{index}",
+                "provider": "scripted",
+                "task": "go",
+                "poll_interval": 0.1,
+                "max_poll_interval": 0.1,
                 "with": {"states": [["running", 0.6], ["completed"]]},
             }
             for index in (1, 2)
         ],
-    }  # fmt: skip
+    }
     runs = [orch.launch(flow, owner=owner) for _ in range(3)]
     assert {finished(orch, run.id, owner).status for run in runs} == {"completed"}
     worker.stop()

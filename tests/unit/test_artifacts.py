@@ -89,9 +89,14 @@ def test_a_json_output_is_stored_as_json_and_read_back_whole(world: World) -> No
     value = {"items": [{"n": n, "text": "y" * 40} for n in range(40)]}
     with session_scope(world.settings.database_url) as session:
         kept = artifacts.keep(
-            session, world.settings, owner=OWNER, run_pk="r", step_index=0, value=value,
+            session,
+            world.settings,
+            owner=OWNER,
+            run_pk="r",
+            step_index=0,
+            value=value,
             now=utcnow(),
-        )  # fmt: skip
+        )
         assert isinstance(kept, artifacts.Kept) and kept.sha256 is not None
         assert kept.value["media_type"] == artifacts.JSON
         assert artifacts.load(session, world.settings, OWNER, kept.value) == value

@@ -136,8 +136,10 @@ def test_the_http_api_registers_lists_shows_and_launches_by_name(
     client = TestClient(create_app(orch), headers={"Authorization": f"Bearer {mine}"})
     made = client.post("/workflows", json=_research())
     assert (made.status_code, made.json()["ref"], made.json()["created"]) == (
-        201, "research@1", True,
-    )  # fmt: skip
+        201,
+        "research@1",
+        True,
+    )
     again = client.post("/workflows", json=_research())
     assert (again.status_code, again.json()["created"]) == (200, False)
     assert [one["ref"] for one in client.get("/workflows").json()] == ["research@1"]

@@ -36,9 +36,11 @@ def test_the_snapshot_counts_workers_health_and_runs_per_minute(settings: Settin
     now = utcnow()
     live = insert_run(settings, "running", now=now - timedelta(seconds=2))
     ended = insert_run(
-        settings, "completed", now=now - timedelta(minutes=30),
+        settings,
+        "completed",
+        now=now - timedelta(minutes=30),
         finished_at=now - timedelta(minutes=2, seconds=30),
-    )  # fmt: skip
+    )
     old = insert_run(settings, "completed", now=now - timedelta(hours=3))
     _stamp(settings, live, "w1@host", now - timedelta(seconds=20))
     _stamp(settings, ended, "w2@host", now - timedelta(minutes=3))
@@ -47,8 +49,9 @@ def test_the_snapshot_counts_workers_health_and_runs_per_minute(settings: Settin
     with session_scope(settings.database_url) as session:
         seen = fleet.snapshot(session, settings, now)
     assert [(w.name, w.active_steps, w.steps) for w in seen.workers] == [
-        ("w1@host", 1, 1), ("w2@host", 0, 1),
-    ]  # fmt: skip
+        ("w1@host", 1, 1),
+        ("w2@host", 0, 1),
+    ]
     assert seen.health == {"working": 1}
     assert seen.past_deadline == 0
     assert (len(seen.started), sum(seen.started)) == (60, 2)  # the old run is out of the hour
@@ -119,9 +122,12 @@ def test_every_sweep_pass_is_a_sample_and_old_samples_go(settings: Settings) -> 
     now = utcnow()
     with session_scope(settings.database_url) as session:
         fleet_series.record(
-            session, fleet_series.Series.POLL_LATENESS, "old:1", now - timedelta(hours=3),
+            session,
+            fleet_series.Series.POLL_LATENESS,
+            "old:1",
+            now - timedelta(hours=3),
             fleet_series.Summary.of([1.0]),
-        )  # fmt: skip
+        )
     sweeper = Sweeper(settings, Executor(settings, None))
     this_minute = fleet_series.minute_of(now)
     sweeper.sweep(this_minute - timedelta(seconds=90))
@@ -141,9 +147,12 @@ def test_the_fleet_page_plots_poll_lateness_and_sweep_time(settings: Settings) -
     with session_scope(settings.database_url) as session:
         for ago, late in ((2, [0.05, 0.2]), (10, [4.0])):
             fleet_series.record(
-                session, fleet_series.Series.POLL_LATENESS, "w:1",
-                start - timedelta(minutes=ago), fleet_series.Summary.of(late),
-            )  # fmt: skip
+                session,
+                fleet_series.Series.POLL_LATENESS,
+                "w:1",
+                start - timedelta(minutes=ago),
+                fleet_series.Summary.of(late),
+            )
         operator = tokens.create(session, None, "alice", now=now, operator=True)
     Sweeper(settings, Executor(settings, None)).sweep(now - timedelta(seconds=61))
     page = TestClient(

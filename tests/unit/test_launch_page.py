@@ -57,9 +57,13 @@ def test_the_form_launches_the_chosen_version_with_typed_args_once(settings: Set
     request_id = re.search(r'name="request_id" value="([^"]+)"', page.text)
     assert request_id is not None
     form = {
-        "csrf": csrf_value(token), "workflow": "research@1", "request_id": request_id.group(1),
-        "arg.topic": "otters", "arg.depth": "3", "arg.tone": "warm",
-    }  # fmt: skip
+        "csrf": csrf_value(token),
+        "workflow": "research@1",
+        "request_id": request_id.group(1),
+        "arg.topic": "otters",
+        "arg.depth": "3",
+        "arg.tone": "warm",
+    }
     sent = client.post("/dashboard/launch", data=form, follow_redirects=False)
     assert sent.status_code == 303
     run_id = sent.headers["location"].rsplit("/", 1)[1]

@@ -166,9 +166,13 @@ def test_a_run_is_one_trace_whose_root_is_its_launch(
     (stop,) = _named(finished, "provider.cancel")
     assert stop.parent is not None and stop.parent.span_id == cancel.context.span_id
     assert {span.name for span in mine} == {
-        "run.launch", "step.execute", "provider.start", "provider.status", "run.cancel",
+        "run.launch",
+        "step.execute",
+        "provider.start",
+        "provider.status",
+        "run.cancel",
         "provider.cancel",
-    }  # fmt: skip
+    }
     # The second launch with the same request id found the run: no second root span.
     assert len(_named(finished, "run.launch")) == 2
 

@@ -40,8 +40,9 @@ def test_an_operator_reads_every_owners_runs_and_cancels_one_journalled_by_name(
     client = _client(orch, _token(settings, None, "alice", operator=True))
     page = client.get("/operator/runs").json()
     assert {(run["id"], run["owner"]) for run in page["runs"]} == {
-        (first.id, "acme"), (second.id, "globex"),
-    }  # fmt: skip
+        (first.id, "acme"),
+        (second.id, "globex"),
+    }
     only = client.get("/operator/runs", params={"owner": "globex"}).json()["runs"]
     assert [run["id"] for run in only] == [second.id]
     assert client.get(f"/operator/runs/{first.id}").json()["owner"] == "acme"

@@ -128,8 +128,9 @@ def test_prune_deletes_old_fires_but_each_schedules_latest_and_those_of_live_run
         orch.cancel(run.id, owner=OWNER)
     assert retention.prune(executor, cutoff=cutoff)["schedule_fires"] == 2
     assert [(seconds, status) for seconds, status, _ in _fires(orch)] == [
-        (40, "skipped"), (40, "skipped"),
-    ]  # fmt: skip
+        (40, "skipped"),
+        (40, "skipped"),
+    ]
     # The cursors survived: the next pass plans only the fires after them.
     report = _pass(orch, at(50))
     assert (report["launched"], report["skipped"]) == (2, 0)

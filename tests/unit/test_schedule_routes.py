@@ -77,8 +77,9 @@ def test_the_http_api_lists_pauses_and_resumes_them(orch: Orchestrator) -> None:
     unknown = client.post("/schedules/weekly/pause")
     assert unknown.status_code == 400
     assert (unknown.json()["error"]["code"], unknown.json()["error"]["field"]) == (
-        "validation_error", "name",
-    )  # fmt: skip
+        "validation_error",
+        "name",
+    )
 
 
 def test_another_owner_sees_none_of_them_and_cannot_pause_one(orch: Orchestrator) -> None:
@@ -129,9 +130,10 @@ def test_the_dashboard_buttons_pause_and_resume_with_the_forms_csrf_value(
         with session_scope(orch.settings.database_url) as session:
             token = tokens.create(session, owner, "t", now=T0, operator=owner is None)
         posted = TestClient(create_app(orch), headers={"Authorization": f"Bearer {token}"}).post(
-            "/dashboard/schedules/nightly/resume", data={"csrf": csrf_value(token)},
+            "/dashboard/schedules/nightly/resume",
+            data={"csrf": csrf_value(token)},
             follow_redirects=False,
-        )  # fmt: skip
+        )
         assert posted.status_code == status and orch.schedules(owner=OWNER)[0]["paused"] is True
     client.post("/dashboard/schedules/nightly/resume", data={"csrf": csrf.group(1)})
     assert orch.schedules(owner=OWNER)[0]["paused"] is False

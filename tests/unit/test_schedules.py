@@ -174,8 +174,12 @@ def test_a_paused_schedule_records_nothing_and_resume_catches_up(orch: Orchestra
     _register(orch, _workflow(overlap="enqueue", catchup_window=15))
     assert orch.transact(lambda session: Done(schedules.pause(session, OWNER, "nightly", T0)))
     assert _pass(orch, T0 + timedelta(seconds=40)) == {
-        "schedules": 1, "paused": 1, "launched": 0, "skipped": 0, "failed": 0,
-    }  # fmt: skip
+        "schedules": 1,
+        "paused": 1,
+        "launched": 0,
+        "skipped": 0,
+        "failed": 0,
+    }
     assert _fires(orch) == []
     assert orch.transact(lambda session: Done(schedules.resume(session, OWNER, "nightly")))
     _pass(orch, T0 + timedelta(seconds=40))
@@ -251,9 +255,12 @@ def test_a_workflow_without_a_schedule_keeps_its_stored_form(orch: Orchestrator)
     assert "schedule" not in found.definition
     scheduled, _ = orch.register_workflow(_workflow(), owner=OWNER)
     assert scheduled.definition["schedule"] == {
-        "every": 10, "timezone": "UTC", "args": {"topic": "otters"}, "overlap": "skip",
+        "every": 10,
+        "timezone": "UTC",
+        "args": {"topic": "otters"},
+        "overlap": "skip",
         "catchup_window": 3600,
-    }  # fmt: skip
+    }
 
 
 def test_only_the_latest_version_is_scheduled(orch: Orchestrator) -> None:

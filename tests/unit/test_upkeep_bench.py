@@ -19,10 +19,27 @@ def test_a_tiny_run_measures_every_figure(
 ) -> None:
     out = tmp_path / "upkeep.json"
     result = upkeep.main(
-        ["--database-url", "sqlite://", "--runs", "200", "--recent", "20", "--live", "10",
-         "--samples", "3", "--repeat", "3", "--downloads", "2", "--artifact-mb", "1",
-         "--json", str(out)]
-    )  # fmt: skip
+        [
+            "--database-url",
+            "sqlite://",
+            "--runs",
+            "200",
+            "--recent",
+            "20",
+            "--live",
+            "10",
+            "--samples",
+            "3",
+            "--repeat",
+            "3",
+            "--downloads",
+            "2",
+            "--artifact-mb",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text())["prune"]["runs"] == 200
     before, after = result["sizes"]["before"]["rows"], result["sizes"]["after_prune"]["rows"]
     assert (before["runs"], after["runs"]) == (230, 30)

@@ -154,13 +154,15 @@ class RunMetrics(Collector):
                     .where(summaries.terminal(), unread)
                     .group_by(Run.status, Run.stop_reason, settles),
                     select(
-                        PrunedRuns.status, PrunedRuns.stop_reason, pruned_settles,
+                        PrunedRuns.status,
+                        PrunedRuns.stop_reason,
+                        pruned_settles,
                         func.sum(PrunedRuns.count),
                     )
                     .where(unread_pruned)
                     .group_by(PrunedRuns.status, PrunedRuns.stop_reason, pruned_settles),
                 )
-            ).all()  # fmt: skip
+            ).all()
             cancelled: Sequence[Any] = session.execute(
                 union_all(
                     select(bucket, settles, func.count(), total)
@@ -171,13 +173,15 @@ class RunMetrics(Collector):
                     )
                     .group_by(bucket, settles),
                     select(
-                        PrunedRuns.bucket, pruned_settles, func.sum(PrunedRuns.count),
+                        PrunedRuns.bucket,
+                        pruned_settles,
+                        func.sum(PrunedRuns.count),
                         func.sum(PrunedRuns.latency_seconds),
                     )
                     .where(unread_pruned, PrunedRuns.bucket != NO_LATENCY)
                     .group_by(PrunedRuns.bucket, pruned_settles),
                 )
-            ).all()  # fmt: skip
+            ).all()
             health = judgement.expression()
             live = [
                 (str(status), str(state), int(count), int(past))

@@ -58,10 +58,13 @@ def create(
     token = PREFIX + secrets.token_urlsafe(32)
     session.add(
         ApiToken(
-            token_hash=hash_token(token), owner="" if operator else owner, name=name,
-            created_at=now, operator=operator,
+            token_hash=hash_token(token),
+            owner="" if operator else owner,
+            name=name,
+            created_at=now,
+            operator=operator,
         )
-    )  # fmt: skip
+    )
     return token
 
 
