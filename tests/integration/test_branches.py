@@ -274,4 +274,4 @@ def test_a_rerun_runs_only_the_branches_that_did_not_complete(
     quick, slow = done.steps[0].branches or []
     assert (_starts(stack, quick["run_id"]), len(_starts(stack, slow["run_id"]))) == ([], 1)
     causes = [e["cause"] for e in orch.events(quick["run_id"], owner=owner)]
-    assert any(cause.startswith("output reused from branch run") for cause in causes), causes
+    assert any("output reused from branch run" in cause for cause in causes), causes
