@@ -15,6 +15,10 @@ plays one of :data:`PLAYS`:
   authentication, saying ``reason``;
 * ``message``: answers with a message, no task.
 
+Knobs: ``token`` makes every request carry ``Authorization: Bearer TOKEN`` (a wrong one is
+refused with a 401 that echoes it, as careless services do); ``hang`` holds every request
+that many seconds first.
+
 Run it alone (the docs do) with ``python -m tests.support.a2a_agent --port PORT``.
 """
 
@@ -55,6 +59,8 @@ from a2a.types import (
 )
 from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 PLAYS = ("complete", "ask", "work", "fail", "reject", "auth", "message")
 #: The card's name, version and skill (what ``describe`` reads).
@@ -175,6 +181,25 @@ def card(url: str, version: str) -> AgentCard:
     )
 
 
+class _Gate:
+    """The knobs, in front of the SDK's routes."""
+
+    def __init__(self, app: ASGIApp, agent: A2AAgent) -> None:
+        self.app = app
+        self.agent = agent
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await asyncio.sleep(self.agent.hang)
+            token = self.agent.token
+            got = dict(scope["headers"]).get(b"authorization", b"").decode()
+            if token is not None and got != f"Bearer {token}":
+                refusal = JSONResponse({"error": f"bad credentials: {got!r}"}, status_code=401)
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 @dataclass
 class A2AAgent:
     """The server and its executor; ``url`` is set once started."""
@@ -182,11 +207,13 @@ class A2AAgent:
     version: str = "1.0.0"
     port: int = 0
     executor: Executor = field(default_factory=Executor)
+    token: str | None = None
+    hang: float = 0.0
     url: str = ""
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
 
-    def app(self) -> Starlette:
+    def app(self) -> ASGIApp:
         agent_card = card(self.url, self.version)
         handler = DefaultRequestHandler(
             agent_executor=self.executor, task_store=InMemoryTaskStore(), agent_card=agent_card
@@ -201,7 +228,7 @@ class A2AAgent:
             *create_agent_card_routes(agent_card),
             *create_jsonrpc_routes(handler, rpc_url="/"),
         ]
-        return Starlette(routes=routes, lifespan=lifespan)
+        return _Gate(Starlette(routes=routes, lifespan=lifespan), self)
 
     def start(self, ready_within: float = 20.0) -> A2AAgent:
         """Serve on a loopback port (a free one unless ``port`` is set) in a daemon thread."""
