@@ -74,9 +74,7 @@ def ref(request: TurnRequest, task_id: str | None) -> TurnRef:
     return TurnRef(request.key, task_id, request.options)
 
 
-def settled(
-    provider: A2AProvider, where: TurnRef, timeout: float = 10.0
-) -> tuple[TurnStatus, int]:
+def settled(provider: A2AProvider, where: TurnRef, timeout: float = 10.0) -> tuple[TurnStatus, int]:
     """The first status that is not ``running``, and how many polls it took."""
     polls = 0
 
@@ -89,9 +87,7 @@ def settled(
     return wait_for(seen, timeout, interval=0.05, what="the task settles"), polls
 
 
-def test_a_task_completes_with_its_artifacts_parts(
-    agent: A2AAgent, provider: A2AProvider
-) -> None:
+def test_a_task_completes_with_its_artifacts_parts(agent: A2AAgent, provider: A2AProvider) -> None:
     request = turn(agent, "hello")
     task_id = provider.start(request)
     observed, _ = settled(provider, ref(request, task_id))

@@ -227,9 +227,7 @@ def test_completed_output_is_the_artifacts_parts() -> None:
 
 def test_one_part_is_the_output_itself_and_no_artifact_falls_back_to_the_message() -> None:
     one = [{"artifactId": "a", "parts": [{"data": {"answer": 42}}]}]
-    assert a2a_tasks.observed(task("TASK_STATE_COMPLETED", artifacts=one)).output == {
-        "answer": 42
-    }
+    assert a2a_tasks.observed(task("TASK_STATE_COMPLETED", artifacts=one)).output == {"answer": 42}
     replied = task("TASK_STATE_COMPLETED", status={"state": "TASK_STATE_COMPLETED", **said()})
     replied["status"]["message"]["parts"] = [{"text": "all done"}]
     assert a2a_tasks.observed(replied).output == "all done"
