@@ -40,8 +40,15 @@ def _http(settings: Settings) -> Provider:
     return HttpProvider(settings)
 
 
+def _a2a(settings: Settings) -> Provider:
+    from orchestration.providers.a2a import A2AProvider
+
+    return A2AProvider(settings)
+
+
 register("langgraph", _langgraph)
 register("http", _http)
+register("a2a", _a2a)
 
 _CACHE: dict[tuple[str, int], Provider] = {}
 _BUILDING = threading.Lock()

@@ -96,11 +96,14 @@ _CANCEL_DONE = (404, 409, 410)
 _SECRET_KINDS = ("secret", "env")
 
 
-def _secret_kind(value: Mapping[str, Any]) -> str:
+def secret_kind(value: Mapping[str, Any]) -> str:
+    """How a secret header value names its secret: ``secret`` (or the older ``env``)."""
     return next(kind for kind in _SECRET_KINDS if kind in value)
 
 
-def _check_headers(headers: Any, field: str) -> None:
+def check_headers(headers: Any, field: str) -> None:
+    """Launch check of a ``headers`` mapping: each value a literal string or a secret's name
+    (``{secret: NAME, prefix: ...}``), each name and value fit to send."""
     if not isinstance(headers, Mapping):
         raise ValidationError(field, "must be a mapping of header name to value")
     for name, value in headers.items():
@@ -150,7 +153,7 @@ def _check_spec(options: Mapping[str, Any], name: str) -> None:
     if not isinstance(method, str) or method.upper() not in _METHODS:
         raise ValidationError(f"{name}.method", f"must be one of {', '.join(_METHODS)}")
     if "headers" in spec:
-        _check_headers(spec["headers"], f"{name}.headers")
+        check_headers(spec["headers"], f"{name}.headers")
     if name in ("status", "cancel") and not (_uses(spec, "run_id") or _uses(spec, "key")):
         raise ValidationError(
             f"{name}.url", "must contain {run_id} or {key} (in the url or the body)"
@@ -175,7 +178,7 @@ def _secret_headers(
     for header, value in header_rules.merged(options.get("headers", {}), own).items():
         if isinstance(value, Mapping):
             where = f"{name}.headers" if header.lower() in mine else "headers"
-            yield f"{where}.{header}.{_secret_kind(value)}", header, value
+            yield f"{where}.{header}.{secret_kind(value)}", header, value
 
 
 def _body(options: Mapping[str, Any], name: str) -> JSON:
@@ -231,7 +234,7 @@ class HttpProvider:
         for name in endpoints:
             _check_spec(options, name)
         if "headers" in options:
-            _check_headers(options["headers"], "headers")
+            check_headers(options["headers"], "headers")
         for name in _PATHS:
             value = options.get(name)
             needed = value is not None or name in ("run_id_path", "status_path")
@@ -250,7 +253,7 @@ class HttpProvider:
             url = options[name]["url"]
             check_egress(url, f"{name}.url", self._settings, self._resolver)
             for field, _header, value in _secret_headers(options, name):
-                secret = value[_secret_kind(value)]
+                secret = value[secret_kind(value)]
                 secrets.check_bound(secret, {f"{name}.url": url}, field, self._settings)
 
     def _headers(self, options: Mapping[str, Any], name: str, url: str) -> dict[str, str]:
@@ -258,7 +261,7 @@ class HttpProvider:
         merged = header_rules.merged(options.get("headers", {}), options[name].get("headers", {}))
         headers = {header: value for header, value in merged.items() if isinstance(value, str)}
         for _field, header, value in _secret_headers(options, name):
-            secret = value[_secret_kind(value)]
+            secret = value[secret_kind(value)]
             resolved = secrets.secret_value(secret, url, self._settings, f"http {name}")
             headers[header] = value.get("prefix", "") + resolved
         return headers
