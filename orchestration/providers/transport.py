@@ -15,6 +15,7 @@ environment are ignored (a proxy would do the lookup and connect unchecked).
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import ssl
 import threading
@@ -219,6 +220,20 @@ class _ResponseStream(httpx.SyncByteStream):
             close()
 
 
+_CONTEXTS: dict[int, ssl.SSLContext] = {}
+
+
+def verifying_context() -> ssl.SSLContext:
+    """The TLS context every call verifies with (the default CA bundle), made once per
+    process: loading the bundle costs a call more than the call itself. A forked worker
+    makes its own (the key is the process id)."""
+    pid = os.getpid()
+    context = _CONTEXTS.get(pid)
+    if context is None:
+        context = _CONTEXTS[pid] = httpx.create_ssl_context()
+    return context
+
+
 class BoundedTransport(httpx.BaseTransport):
     """httpx over an httpcore pool on :class:`GuardedBackend` (HTTP/1.1, no retries)."""
 
@@ -231,7 +246,7 @@ class BoundedTransport(httpx.BaseTransport):
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context or httpx.create_ssl_context(),
+            ssl_context=ssl_context or verifying_context(),
             http1=True,
             http2=False,
             retries=0,
