@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import create_engine, func, inspect, select
 
 from orchestration.core.db import session_scope, utcnow
 from orchestration.core.errors import ConflictError, RunNotFound
@@ -329,3 +329,18 @@ def test_the_cli_deletes_and_lists_deletions(world: World) -> None:
     (row,) = json.loads(listed.stdout)
     assert (row["run_id"], row["owner"], row["status"]) == (run_id, OWNER, "completed")
     assert row["by"].startswith("cli (")
+
+
+def test_the_migration_creates_the_audit_table_the_model_describes(settings: Settings) -> None:
+    engine = create_engine(settings.database_url)
+    try:
+        found = inspect(engine)
+        columns = {
+            column["name"]: column["nullable"] for column in found.get_columns("run_deletions")
+        }
+        indexes = {index["name"] for index in found.get_indexes("run_deletions")}
+    finally:
+        engine.dispose()
+    table = RunDeletion.__table__
+    assert columns == {column.name: column.nullable for column in table.columns}
+    assert indexes == {index.name for index in table.indexes}
