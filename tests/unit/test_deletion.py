@@ -13,11 +13,11 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, func, inspect, select
+from sqlalchemy import Table, create_engine, func, inspect, select
 
 from orchestration.core.db import session_scope, utcnow
 from orchestration.core.errors import ConflictError, RunNotFound
@@ -341,6 +341,6 @@ def test_the_migration_creates_the_audit_table_the_model_describes(settings: Set
         indexes = {index["name"] for index in found.get_indexes("run_deletions")}
     finally:
         engine.dispose()
-    table = RunDeletion.__table__
+    table = cast(Table, RunDeletion.__table__)
     assert columns == {column.name: column.nullable for column in table.columns}
     assert indexes == {index.name for index in table.indexes}
