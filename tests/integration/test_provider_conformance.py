@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -210,28 +210,36 @@ def test_input_required_then_resume(adapter: Adapter, server: Any, provider: Pro
     assert (observed.status, observed.output) == (ProviderStatus.COMPLETED, resumed.output)
 
 
-def test_the_hard_deadline_ends_a_call_to_a_server_that_hangs(
+def test_the_hard_deadline_ends_every_call_to_a_server_that_hangs(
     adapter: Adapter, server: Any
 ) -> None:
     provider = _provider(adapter, server, provider_timeout=SHORT_DEADLINE)
     with HostileServer(silent) as hanging:
-        began = time.monotonic()
-        with pytest.raises(RetryableProviderError):
-            _hung_call(adapter, server, provider, hanging.url)
-        took = time.monotonic() - began
-    assert took < SHORT_DEADLINE + MARGIN, took
+        for name, call in _hung_calls(adapter, server, provider, hanging.url):
+            began = time.monotonic()
+            with pytest.raises(RetryableProviderError):
+                call()
+            took = time.monotonic() - began
+            assert took < SHORT_DEADLINE + MARGIN, (name, took)
 
 
-def _hung_call(adapter: Adapter, server: Any, provider: Provider, hanging: str) -> None:
-    """The call that meets a hanging server: a start aimed at ``hanging``, or, for a provider
-    with no URL, the status of a turn its server holds past the deadline (the start is
-    prompt, and bounded too)."""
+def _hung_calls(
+    adapter: Adapter, server: Any, provider: Provider, hanging: str
+) -> list[tuple[str, Callable[[], object]]]:
+    """The calls that meet a hanging server: start, status and cancel of a turn aimed at
+    ``hanging``; for a provider with no URL, the status of a turn its server holds past the
+    deadline (its start is prompt)."""
     if adapter.aim is not None:
-        provider.start(request(Play("hello", adapter.aim(hanging, False))))
-        return
+        req = request(Play("hello", adapter.aim(hanging, False)))
+        where = _ref(req, "turn-1")
+        return [
+            ("start", lambda: provider.start(req)),
+            ("status", lambda: provider.status(where)),
+            ("cancel", lambda: provider.cancel(where)),
+        ]
     assert adapter.hangs is not None, f"{adapter.name}: give the adapter `aim` or `hangs`"
-    req, run_id = _start(provider, adapter.hangs(server))
-    provider.status(_ref(req, run_id))
+    held, run_id = _start(provider, adapter.hangs(server))
+    return [("status", lambda: provider.status(_ref(held, run_id)))]
 
 
 @pytest.fixture
