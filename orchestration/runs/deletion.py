@@ -183,19 +183,19 @@ def delete_owned(
         .execution_options(synchronize_session=False)
     ).first()
     if locked is None:
-        status = session.scalar(select(Run.status).where(Run.id == run_id, Run.owner == owner))
-        if status is None:
+        found = session.execute(
+            select(Run.status, Run.parent_run_id).where(Run.id == run_id, Run.owner == owner)
+        ).first()
+        if found is None:
             raise RunNotFound(run_id)
+        status, parent = found
+        _refuse_branch(run_id, parent)
         raise ConflictError(
             f"run {run_id} is {status}: only an ended run can be deleted; cancel it first "
             f"(orchestration cancel {run_id}), then delete it"
         )
     status, parent, name, version = locked
-    if parent is not None:
-        raise ConflictError(
-            f"run {run_id} is a branch of run {parent}: delete run {parent}, which deletes "
-            "its branch runs with it"
-        )
+    _refuse_branch(run_id, parent)
     why = cleaning_up(session, settings, run_id, now)
     if why is not None:
         raise ConflictError(f"run {run_id} is {status} but still cleaning up: {why}")
@@ -214,6 +214,15 @@ def delete_owned(
         )
     )
     return Deletion(run_id, owner, workflow, str(status), now, by, deleted, count, unnamed)
+
+
+def _refuse_branch(run_id: str, parent: str | None) -> None:
+    """A branch run goes only with its parent (whose record and join read it)."""
+    if parent is not None:
+        raise ConflictError(
+            f"run {run_id} is a branch of run {parent}: delete run {parent}, which deletes "
+            "its branch runs with it"
+        )
 
 
 def cleaning_up(session: Session, settings: Settings, run_id: str, now: datetime) -> str | None:

@@ -152,6 +152,9 @@ def test_a_run_whose_branch_is_still_live_is_still_cleaning_up(world: World) -> 
     force(world.settings, run_id, status="failed", finished_at=world.clock.now)
     with pytest.raises(ConflictError, match=r"still cleaning up: its branch run \w+ is running"):
         _delete(world, run_id)
+    (branch,) = set(_family(world.settings, run_id)) - {run_id}
+    with pytest.raises(ConflictError, match=f"is a branch of run {run_id}"):  # live, too
+        _delete(world, branch)
     assert len(_family(world.settings, run_id)) == 2
 
 
