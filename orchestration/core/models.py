@@ -1,8 +1,8 @@
 """Every table, as SQLAlchemy 2 models: runs, steps, the journal, the effects outbox,
 checkpoints, artifacts, registered definitions, schedule fires and pauses, API tokens, the
-sweeper's liveness row, the fleet's samples, pruned runs' counts and live runs' counts. The
-Alembic migrations in ``orchestration/migrations`` create exactly these (a test compares
-them)."""
+sweeper's liveness row, the fleet's samples, pruned runs' counts, live runs' counts and
+owners' deletions of runs. The Alembic migrations in ``orchestration/migrations`` create
+exactly these (a test compares them)."""
 
 from __future__ import annotations
 
@@ -493,3 +493,23 @@ class SchedulePause(Base):
     owner: Mapped[str] = mapped_column(String(200), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     paused_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class RunDeletion(Base):
+    """One run its owner deleted (``orchestration delete``, ``DELETE /runs/{id}``): what it
+    was, when and through what, for an operator to read once the run's rows are gone."""
+
+    __tablename__ = "run_deletions"
+    __table_args__ = (Index("ix_run_deletions_deleted", "deleted_at"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(32))
+    owner: Mapped[str] = mapped_column(String(200))
+    #: ``name@version`` of a registered definition, else the workflow's name.
+    workflow: Mapped[str] = mapped_column(String(220))
+    status: Mapped[str] = mapped_column(String(20))
+    deleted_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    #: Through what the owner deleted it: ``api`` (with the token's name) or ``cli``.
+    by: Mapped[str] = mapped_column(String(200))
+    #: The run's branch runs that went with it.
+    branch_runs: Mapped[int] = mapped_column(Integer, default=0)

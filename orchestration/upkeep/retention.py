@@ -3,10 +3,12 @@
 
 Each batch is one transaction: it picks at most ``batch`` runs that ended before the cutoff,
 through the ``ix_runs_finished`` index, and deletes their rows, child tables first (so no
-foreign-key cascade is needed, on either database). A batch locks only the rows it deletes:
-terminal is final, so no writer waits for them, and a live run is never touched. A branch run
-goes with its parent (the parent's join reads it), and a run is kept while one of its branch
-runs, or a rerun of it, is live. Between batches the sweeper, the steps and ``/metrics`` carry on.
+foreign-key cascade is needed, on either database), through the same pieces as an owner's
+delete of one run (:mod:`orchestration.runs.deletion`, :func:`delete_owned`). A batch locks
+only the rows it deletes: terminal is final, so no writer waits for them, and a live run is
+never touched. A branch run goes with its parent (the parent's join reads it), and a run is
+kept while one of its branch runs, or a rerun of it, is live. Between batches the sweeper,
+the steps and ``/metrics`` carry on.
 
 The artifacts the deleted steps referenced go too, once no step of their owner references
 them and no store has stamped them since the cutoff (a live run storing the same bytes
@@ -24,28 +26,19 @@ flood of ``skipped`` fires), and the fire of a run still live, which ``overlap``
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, exists, func, select, tuple_
+from sqlalchemy import delete, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
 from orchestration.core.followups import Done, Transact
-from orchestration.core.models import (
-    Artifact,
-    Checkpoint,
-    Effect,
-    Run,
-    RunEvent,
-    ScheduleFire,
-    Step,
-)
+from orchestration.core.models import Artifact, Run, ScheduleFire, Step
+from orchestration.core.settings import Settings
 from orchestration.core.states import RUN_LIVE, RUN_TERMINAL
-from orchestration.runs import artifacts
+from orchestration.runs import deletion
 from orchestration.upkeep import pruned_counts
 
 #: Runs one batch deletes at most (with their branch runs).
@@ -53,8 +46,6 @@ DEFAULT_BATCH = 500
 
 _TERMINAL = [status.value for status in RUN_TERMINAL]
 _LIVE = [status.value for status in RUN_LIVE]
-#: Every table that holds a run's rows, deleted in this order before the runs themselves.
-_CHILDREN = (RunEvent, Effect, Checkpoint, Step)
 
 
 def _prunable(cutoff: datetime) -> Any:
@@ -94,7 +85,7 @@ def count(session: Session, cutoff: datetime) -> dict[str, int]:
         "runs": session.scalar(select(func.count()).select_from(ids.subquery())) or 0,
         "branch_runs": session.scalar(select(func.count()).select_from(branch_ids.subquery())) or 0,
     }
-    for model in _CHILDREN:
+    for model in deletion.CHILDREN:
         counted[model.__tablename__] = (
             session.scalar(
                 select(func.count()).select_from(model).where(model.run_id.in_(select(every.c.id)))
@@ -138,54 +129,6 @@ def count(session: Session, cutoff: datetime) -> dict[str, int]:
     return counted
 
 
-def _artifacts(session: Session, run_ids: list[str]) -> list[tuple[str, str]]:
-    """The ``(owner, sha256)`` the steps of ``run_ids`` reference."""
-    rows = session.execute(
-        select(Run.owner, Step.output_sha256)
-        .join(Run, Run.id == Step.run_id)
-        .where(Step.run_id.in_(run_ids), Step.output_sha256.is_not(None))
-        .distinct()
-    ).all()
-    return [(owner, str(sha256)) for owner, sha256 in rows]
-
-
-def _delete_unreferenced(
-    session: Session, cutoff: datetime, candidates: list[tuple[str, str]]
-) -> tuple[int, list[str]]:
-    """Delete the candidates no step of their owner references any more and no store stamped
-    since ``cutoff``, in one statement; the count, and the hashes no owner's row names now."""
-    deleted = 0
-    if candidates:
-        still = exists().where(
-            Step.output_sha256 == Artifact.sha256,
-            Step.run_id == Run.id,
-            Run.owner == Artifact.owner,
-        )
-        done = session.execute(
-            delete(Artifact)
-            .where(tuple_(Artifact.owner, Artifact.sha256).in_(candidates))
-            .where(Artifact.used_at < cutoff, ~still)
-            .execution_options(synchronize_session=False)
-        )
-        deleted = int(done.rowcount or 0)  # type: ignore[attr-defined]
-    hashes = sorted({sha256 for _, sha256 in candidates})
-    named = set(session.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(hashes))))
-    return deleted, [sha256 for sha256 in hashes if sha256 not in named]
-
-
-def _unlink(folder: str | None, hashes: list[str], cutoff: datetime) -> None:
-    """Remove the files of ``hashes`` not written since ``cutoff`` (a store touches its file)."""
-    if folder is None:
-        return
-    for sha256 in hashes:
-        path = artifacts.file_path(Path(folder), sha256)
-        try:
-            if path.stat().st_mtime < cutoff.timestamp():
-                os.unlink(path)
-        except FileNotFoundError:
-            continue
-
-
 def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, Any]:
     """Delete at most ``batch`` prunable runs (oldest first), all their rows and the
     artifacts nothing else references (``unnamed``: the hashes whose files may go)."""
@@ -196,28 +139,32 @@ def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, An
     )
     if not ids:
         return {"runs": 0}
-    branch_ids = list(session.scalars(select(Run.id).where(Run.parent_run_id.in_(ids))))
-    every = ids + branch_ids
-    deleted: dict[str, Any] = {"runs": len(ids), "branch_runs": len(branch_ids)}
-    candidates = _artifacts(session, every)
-    for model in _CHILDREN:
-        done = session.execute(
-            delete(model)
-            .where(model.run_id.in_(every))
-            .execution_options(synchronize_session=False)
-        )
-        deleted[model.__tablename__] = int(done.rowcount or 0)  # type: ignore[attr-defined]
-    for chunk in (branch_ids, ids):  # a branch run's row points at its parent's
-        if chunk:
-            gone = session.execute(
-                delete(Run)
-                .where(Run.id.in_(chunk))
-                .returning(Run.status, Run.stop_reason, Run.finished_at, Run.cancel_requested_at)
-                .execution_options(synchronize_session=False)
-            ).all()
-            pruned_counts.keep(session, gone)
-    deleted["artifacts"], deleted["unnamed"] = _delete_unreferenced(session, cutoff, candidates)
-    return deleted
+    deleted = deletion.delete_rows(session, ids)
+    pruned_counts.keep(session, deleted.gone)
+    report: dict[str, Any] = dict(deleted.counts)
+    report["artifacts"], report["unnamed"] = deletion.delete_unreferenced(
+        session, deleted.candidates, stored_before=cutoff
+    )
+    return report
+
+
+def delete_run(
+    transact: Transact, settings: Settings, run_id: str, *, owner: str, by: str, now: datetime
+) -> deletion.Deletion:
+    """An owner's delete of one ended run (:func:`orchestration.runs.deletion.delete_owned`),
+    one transaction in which its runs are added to the totals as a prune's are (``/metrics``
+    counters never go down); then the files no row names any more. Raises what
+    ``delete_owned`` raises."""
+    started = time.time()
+
+    def delete(session: Session) -> Done[deletion.Deletion]:
+        done = deletion.delete_owned(session, settings, run_id, owner=owner, by=by, now=now)
+        pruned_counts.keep(session, done.deleted.gone)
+        return Done(done)
+
+    done = transact(delete)
+    deletion.unlink(settings.artifact_dir, done.unnamed, started)
+    return done
 
 
 def delete_fires(
@@ -275,7 +222,7 @@ def prune(
             if not deleted["runs"]:
                 break
             report["batches"] += 1
-            _unlink(artifact_dir, deleted.pop("unnamed"), cutoff)
+            deletion.unlink(artifact_dir, deleted.pop("unnamed"), cutoff.timestamp())
             for key, value in deleted.items():
                 totals[key] = totals.get(key, 0) + value
         fires, fire_batches = _prune_fires(transact, cutoff, batch)
