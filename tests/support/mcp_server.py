@@ -17,8 +17,11 @@ Tools:
   status message) until cancelled.
 
 Knobs: ``token`` makes every request carry ``Authorization: Bearer TOKEN`` (a wrong one is
-refused with a 401); ``json_response`` answers JSON instead of an event stream.
-``calls`` counts the ``tools/call`` requests each tool received.
+refused with a 401 that echoes it, as careless services do); ``json_response`` answers JSON
+instead of an event stream; ``lose_answers`` replaces that many of the next ``tools/call``
+answers with a 502, after the server acted on the call (an answer lost on the way back).
+``calls`` counts the ``tools/call`` requests each tool received, ``made`` the tasks the server
+made for each.
 
 Start one from a test with :func:`start_mcp_server` (returns the running server, ``url`` set),
 or alone (the docs do) with ``python -m tests.support.mcp_server --port PORT [--no-tasks]``.
@@ -31,6 +34,7 @@ import contextlib
 import socket
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -45,7 +49,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Mount
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 NAME = "orchestration-test-tools"
 VERSION = "1.4.0"
@@ -95,10 +99,17 @@ async def _run(name: str, args: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult(content=_text(str(args.get("text", args.get("question", "")))))
 
 
-def build(tasks: bool, calls: Counter[str]) -> Server[Any, Any]:
-    """The low-level server with our tools (and the package's task support when ``tasks``)."""
+def build(tasks: bool, calls: Counter[str], made: Counter[str]) -> Server[Any, Any]:
+    """The low-level server with our tools (and the package's task support when ``tasks``),
+    counting the calls and the tasks made per tool."""
     server: Server[Any, Any] = Server(NAME, version=VERSION)
-    store = server.experimental.enable_tasks().store if tasks else None
+    store = None
+    if tasks:
+        # mcp 1.30 marks the API deprecated (MCP 2026-07-28 moves tasks to an extension);
+        # it is the package's implementation of MCP 2025-11-25 tasks, which the provider speaks.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            store = server.experimental.enable_tasks().store
 
     @server.list_tools()  # type: ignore[no-untyped-call, untyped-decorator]
     async def list_tools() -> list[types.Tool]:
@@ -110,6 +121,7 @@ def build(tasks: bool, calls: Counter[str]) -> Server[Any, Any]:
         ctx = server.request_context
         if store is None or not ctx.experimental.is_task:
             return await _run(name, args)
+        made[name] += 1
 
         async def work(task: ServerTaskContext) -> types.CallToolResult:
             if name == "ask":
@@ -127,20 +139,48 @@ def build(tasks: bool, calls: Counter[str]) -> Server[Any, Any]:
 
 
 class _Gate:
-    """The token knob, in front of the transport."""
+    """The knobs, in front of the transport."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, server: MCPServer) -> None:
         self.app = app
-        self.token = token
+        self.server = server
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.token is not None:
-            got = dict(scope["headers"]).get(b"authorization", b"").decode()
-            if got != f"Bearer {self.token}":
-                refusal = JSONResponse({"error": "bad credentials"}, status_code=401)
-                await refusal(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = self.server.token
+        got = dict(scope["headers"]).get(b"authorization", b"").decode()
+        if token is not None and got != f"Bearer {token}":
+            refusal = JSONResponse({"error": f"bad credentials: {got!r}"}, status_code=401)
+            await refusal(scope, receive, send)
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        if self.server.lose_answers > 0 and b'"tools/call"' in body:
+            self.server.lose_answers -= 1
+
+            async def dropped(_message: Message) -> None:
+                return None
+
+            await self.app(scope, replay, dropped)
+            await JSONResponse({"error": "bad gateway"}, status_code=502)(scope, replay, send)
+            return
+        await self.app(scope, replay, send)
 
 
 @dataclass
@@ -151,14 +191,16 @@ class MCPServer:
     port: int = 0
     token: str | None = None
     json_response: bool = False
+    lose_answers: int = 0
     url: str = ""
     calls: Counter[str] = field(default_factory=Counter)
+    made: Counter[str] = field(default_factory=Counter)
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
 
     def app(self) -> ASGIApp:
         manager = StreamableHTTPSessionManager(
-            app=build(self.tasks, self.calls), json_response=self.json_response
+            app=build(self.tasks, self.calls, self.made), json_response=self.json_response
         )
 
         @contextlib.asynccontextmanager
@@ -167,7 +209,7 @@ class MCPServer:
                 yield
 
         app = Starlette(routes=[Mount("/mcp", app=manager.handle_request)], lifespan=lifespan)
-        return _Gate(app, self.token)
+        return _Gate(app, self)
 
     def start(self, ready_within: float = 20.0) -> MCPServer:
         """Serve on a loopback port (a free one unless ``port`` is set) in a daemon thread."""
@@ -193,9 +235,11 @@ class MCPServer:
             self._thread.join(timeout=10)
 
 
-def start_mcp_server(*, tasks: bool = True, token: str | None = None) -> MCPServer:
+def start_mcp_server(
+    *, tasks: bool = True, token: str | None = None, json_response: bool = False
+) -> MCPServer:
     """A running test server on a free loopback port (``.url``; ``.stop()`` when done)."""
-    return MCPServer(tasks=tasks, token=token).start()
+    return MCPServer(tasks=tasks, token=token, json_response=json_response).start()
 
 
 def main() -> None:
