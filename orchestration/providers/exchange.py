@@ -67,6 +67,10 @@ class Exchange:
         self._bound = deadline.bound
         self._settings = settings
 
+    def remaining(self) -> float:
+        """Seconds left of the call's bound (negative once it is spent)."""
+        return self._deadline.remaining()
+
     def redact(self, text: str) -> str:
         """``text`` with every declared secret replaced, fit for an error message."""
         return secrets.redact(text, self._settings)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -73,6 +72,8 @@ _REMEMBERED = 4096
 #: How many synchronous answers it keeps for the status read right after their start.
 _ANSWERS = 64
 _SYNC = "call:"
+#: Seconds left of a call's bound under which a call that failed for time is past its deadline.
+_SPENT = 0.05
 
 
 def _run_id(session: str | None, task_id: str) -> str:
@@ -257,11 +258,10 @@ class MCPProvider:
         options = request.options
         values = self._values(options, request.input, request.key)
         bound = budget.clamp(self._start_bound(request.deadline) or self._settings.provider_timeout)
-        began = time.monotonic()
         with self._wire(options, bound) as wire:
             server = wire.open()
             if not self._as_task(server, self._tool(wire, str(options["tool"]))):
-                return self._call_now(wire, request, bound, began)
+                return self._call_now(wire, request, bound)
             params = self._call_params(options, task=True)
             try:
                 answer = wire.call("tools/call", params, values=values, repeatable=False)
@@ -326,7 +326,7 @@ class MCPProvider:
             result = wire.call("tasks/result", {"taskId": task_id}).result
         return mcp_results.finished(result, word)
 
-    def _call_now(self, wire: Wire, request: TurnRequest, bound: float, began: float) -> str:
+    def _call_now(self, wire: Wire, request: TurnRequest, bound: float) -> str:
         """The synchronous call of a server without tasks, within the start's ``bound``: its
         answer is kept for the status read right after, and a tool slower than the bound
         fails the turn (an outage before that is the start's, retried as any other)."""
@@ -336,8 +336,8 @@ class MCPProvider:
         try:
             result = wire.call("tools/call", params, values=values, repeatable=False).result
         except RetryableProviderError as exc:
-            if time.monotonic() - began < bound * 0.95:
-                raise
+            if wire.remaining() > _SPENT:
+                raise  # an outage before the deadline: the start's, retried as any other
             late = TurnStatus(
                 ProviderStatus.FAILED,
                 raw="deadline",

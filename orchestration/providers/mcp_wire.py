@@ -68,6 +68,10 @@ class Wire:
         self._next_id = 0
         self.session: str | None = None
 
+    def remaining(self) -> float:
+        """Seconds left of the call's bound."""
+        return self._http.remaining()
+
     def shown(self, value: Any) -> str:
         """What a server said, as an error quotes it: redacted, then cut."""
         return secrets.redact(str(value), self._settings)[:_SNIPPET_CHARS]
