@@ -90,6 +90,12 @@ def _parsed(run_id: str) -> tuple[str | None, str]:
         raise PermanentProviderError(f"mcp: {run_id[:80]!r} names no MCP task") from None
 
 
+def _keyed(request: TurnRequest) -> dict[str, str]:
+    """The turn key as ``Idempotency-Key`` (as the http provider sends it), for a server or a
+    gateway in front of it that honours one: MCP itself has no such key."""
+    return {"Idempotency-Key": request.key}
+
+
 class MCPProvider:
     """See the module docstring. ``resolver`` maps host names to addresses (tests inject
     one; the system's by default) for the launch and connect-time checks."""
@@ -264,7 +270,9 @@ class MCPProvider:
                 return self._call_now(wire, request, bound)
             params = self._call_params(options, task=True)
             try:
-                answer = wire.call("tools/call", params, values=values, repeatable=False)
+                answer = wire.call(
+                    "tools/call", params, values=values, repeatable=False, headers=_keyed(request)
+                )
             except RetryableProviderError:
                 found = self._listed(wire)
                 if found is None:
@@ -334,7 +342,9 @@ class MCPProvider:
         params = self._call_params(request.options, task=False)
         values = self._values(request.options, request.input, request.key)
         try:
-            result = wire.call("tools/call", params, values=values, repeatable=False).result
+            result = wire.call(
+                "tools/call", params, values=values, repeatable=False, headers=_keyed(request)
+            ).result
         except RetryableProviderError as exc:
             if wire.remaining() > _SPENT:
                 raise  # an outage before the deadline: the start's, retried as any other

@@ -132,7 +132,7 @@ class Wire:
     def notify(self, method: str) -> None:
         """A notification (no answer but the status)."""
         envelope = {"jsonrpc": "2.0", "method": method}
-        self._post(f"mcp {method}", envelope, {}, repeatable=True)
+        self._post(f"mcp {method}", envelope, {}, True, {})
 
     def call(
         self,
@@ -142,17 +142,18 @@ class Wire:
         values: Mapping[str, JSON] | None = None,
         accept: Collection[int] = (),
         repeatable: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> Answer:
         """One request and its answer. ``params`` is sent as written unless ``values`` are
-        given: then it is a template filled from them, within the request byte budget. An
-        error whose code is in ``accept`` is returned; any other raises (an internal error as
-        an outage, the rest as refusals)."""
+        given: then it is a template filled from them, within the request byte budget;
+        ``headers`` go with this request only. An error whose code is in ``accept`` is
+        returned; any other raises (an internal error as an outage, the rest as refusals)."""
         what = f"mcp {method}"
         self._next_id += 1
         request_id = self._next_id
         body = params if values is not None else Verbatim(params)
         envelope = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": body}
-        text = self._post(what, envelope, values or {}, repeatable=repeatable)
+        text = self._post(what, envelope, values or {}, repeatable, headers or {})
         message = _response(text, request_id)
         if message is None:
             raise PermanentProviderError(
@@ -170,7 +171,12 @@ class Wire:
         return Answer(result=message.get("result"))
 
     def _post(
-        self, what: str, envelope: Mapping[str, Any], values: Mapping[str, JSON], repeatable: bool
+        self,
+        what: str,
+        envelope: Mapping[str, Any],
+        values: Mapping[str, JSON],
+        repeatable: bool,
+        headers: Mapping[str, str],
     ) -> str:
         budget = RequestBudget(self._settings.max_request_bytes, what)
         budget.charge(len(self._url.encode()))
@@ -180,7 +186,7 @@ class Wire:
             self._url,
             what=what,
             content=content,
-            headers=self._sent_headers(),
+            headers={**self._sent_headers(), **headers},
             accept=(404,) if self.session is not None else (),
             repeatable=repeatable,
             charged=budget,

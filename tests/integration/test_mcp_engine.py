@@ -21,7 +21,7 @@ from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
-from tests.support.mcp_server import MCPServer, start_mcp_server
+from tests.support.mcp_server import MCPServer, mcp_server_url, start_mcp_server
 from tests.support.runs import finished
 
 pytestmark = pytest.mark.integration
@@ -35,17 +35,17 @@ def server() -> Iterator[MCPServer]:
 
 
 @pytest.fixture(scope="module")
-def plain() -> Iterator[MCPServer]:
-    running = start_mcp_server(tasks=False)
-    yield running
-    running.stop()
+def plain() -> Iterator[str]:
+    """The URL of a server without tasks."""
+    with mcp_server_url(tasks=False) as url:
+        yield url
 
 
 def flow(*steps: dict[str, Any]) -> dict[str, Any]:
     return {"name": "mcp", "steps": list(steps)}
 
 
-def step(server: MCPServer, tool: str, task: Any, *, id: str = "s1") -> dict[str, Any]:
+def step(server: MCPServer | str, tool: str, task: Any, *, id: str = "s1") -> dict[str, Any]:
     return {
         "id": id,
         "provider": "mcp",
@@ -53,7 +53,7 @@ def step(server: MCPServer, tool: str, task: Any, *, id: str = "s1") -> dict[str
         "timeout": 60,
         "poll_interval": 0.2,
         "max_poll_interval": 1.0,
-        "with": {"url": server.url, "tool": tool},
+        "with": {"url": server if isinstance(server, str) else server.url, "tool": tool},
     }
 
 
@@ -100,7 +100,7 @@ def test_cancel_cancels_the_servers_task(
 
 
 def test_a_server_without_tasks_answers_the_call_or_fails_it_at_the_deadline(
-    plain: MCPServer, worker: ManagedProcess, orch: Orchestrator, owner: str
+    plain: str, worker: ManagedProcess, orch: Orchestrator, owner: str
 ) -> None:
     run = orch.launch(flow(step(plain, "work", {"seconds": 0.2, "text": "sync"})), owner=owner)
     done = finished(orch, run.id, owner)

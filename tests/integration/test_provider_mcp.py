@@ -180,6 +180,7 @@ def test_a_redelivered_start_makes_one_task(server: MCPServer) -> None:
     request = turn(server, "work", {"seconds": 600, "text": "once"})
     before = server.made["work"]
     first = provider.start(request)
+    assert server.keys[-1] == request.key, "the turn key goes as Idempotency-Key"
     assert provider.start(request) == first
     assert provider.status(ref(request, None)).status is ProviderStatus.RUNNING
     assert server.made["work"] == before + 1

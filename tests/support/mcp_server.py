@@ -21,9 +21,10 @@ refused with a 401 that echoes it, as careless services do); ``json_response`` a
 instead of an event stream; ``lose_answers`` replaces that many of the next ``tools/call``
 answers with a 502, after the server acted on the call (an answer lost on the way back).
 ``calls`` counts the ``tools/call`` requests each tool received, ``made`` the tasks the server
-made for each.
+made for each, ``keys`` the ``Idempotency-Key`` header of each ``tools/call``.
 
-Start one from a test with :func:`start_mcp_server` (returns the running server, ``url`` set),
+Start one from a test with :func:`start_mcp_server` (returns the running server, ``url`` set)
+or :func:`mcp_server_url` (a context manager yielding its URL),
 or alone (the docs do) with ``python -m tests.support.mcp_server --port PORT [--no-tasks]``.
 """
 
@@ -36,7 +37,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,6 +172,8 @@ class _Gate:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
 
+        if b'"tools/call"' in body:
+            self.server.keys.append(dict(scope["headers"]).get(b"idempotency-key", b"").decode())
         if self.server.lose_answers > 0 and b'"tools/call"' in body:
             self.server.lose_answers -= 1
 
@@ -195,6 +198,7 @@ class MCPServer:
     url: str = ""
     calls: Counter[str] = field(default_factory=Counter)
     made: Counter[str] = field(default_factory=Counter)
+    keys: list[str] = field(default_factory=list)
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
 
@@ -240,6 +244,16 @@ def start_mcp_server(
 ) -> MCPServer:
     """A running test server on a free loopback port (``.url``; ``.stop()`` when done)."""
     return MCPServer(tasks=tasks, token=token, json_response=json_response).start()
+
+
+@contextlib.contextmanager
+def mcp_server_url(*, tasks: bool = True, token: str | None = None) -> Iterator[str]:
+    """The URL of a test server running for the block (a fixture's body, say)."""
+    server = start_mcp_server(tasks=tasks, token=token)
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 def main() -> None:
