@@ -60,7 +60,7 @@ from orchestration.providers.base import (
 from orchestration.providers.exchange import check_egress, exchange
 from orchestration.providers.http import check_headers, check_known, check_url, secret_kind
 from orchestration.providers.mcp_wire import INVALID_PARAMS, PROTOCOL, ServerInfo, Wire
-from orchestration.providers.request_budget import MAX_PLACEHOLDERS, count
+from orchestration.providers.request_budget import MAX_PLACEHOLDERS, Verbatim, count
 
 _OPTIONS = ("url", "tool", "arguments", "headers")
 _FILLED = ("task", "key")
@@ -203,13 +203,15 @@ class MCPProvider:
             )
         return server.tasks and mode in _TASK_MODES
 
-    def _call_params(self, options: Mapping[str, Any], task: bool) -> dict[str, Any]:
+    @staticmethod
+    def _call_params(options: Mapping[str, Any], task: bool) -> dict[str, Any]:
+        """``tools/call``'s params as a template: only the arguments are filled."""
         params: dict[str, Any] = {
-            "name": options["tool"],
+            "name": Verbatim(options["tool"]),
             "arguments": options.get("arguments", _DEFAULT_ARGUMENTS),
         }
         if task:
-            params["task"] = {}
+            params["task"] = Verbatim({})
         return params
 
     @staticmethod

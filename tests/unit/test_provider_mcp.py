@@ -27,6 +27,7 @@ from orchestration.core.settings import Settings
 from orchestration.providers import mcp_results, mcp_wire
 from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest
 from orchestration.providers.mcp import MCPProvider
+from orchestration.providers.request_budget import RequestBudget, fill_body
 
 URL = "https://tools.example.com/mcp"
 
@@ -200,6 +201,12 @@ def test_turns_the_provider_cannot_address() -> None:
 
 
 # --- the wire -----------------------------------------------------------------------------
+
+
+def test_only_the_arguments_are_filled() -> None:
+    params = MCPProvider._call_params({"tool": "{task}", "arguments": {"q": "{task} {key}"}}, True)
+    body = fill_body(params, {"task": "x", "key": "r:s:1"}, RequestBudget(4096, "test"))
+    assert bytes(body) == b'{"name":"{task}","arguments":{"q":"x r:s:1"},"task":{}}'
 
 
 def test_the_response_is_found_in_an_event_stream() -> None:
