@@ -374,6 +374,14 @@ class MCPProvider:
             wire.call("tasks/cancel", {"taskId": task_id}, accept=(INVALID_PARAMS,))
 
     def snapshot(self, ref: TurnRef) -> JSON:
+        run_id = self._run_id(ref)
+        if run_id is not None and run_id.startswith(_SYNC):
+            with self._lock:
+                kept = self._answers.get(run_id)
+            if kept is None:
+                # Read in another process (a checkpoint through the outbox): the answer went
+                # into the step's output when the turn ended, and is nowhere else.
+                return {"status": "call", "output": None}
         observed = self.status(ref)
         return {"status": observed.raw, "output": observed.output}
 

@@ -223,8 +223,11 @@ def test_a_synchronous_call_answers_in_the_status_after_its_start(
     assert provider.start(request) == run_id, "a redelivered start calls no second time"
     assert plain.calls["work"] == 1
     provider.cancel(ref(request, run_id))  # a bounded call: nothing to cancel
+    elsewhere = MCPProvider(settings())  # another worker process
     with pytest.raises(PermanentProviderError, match="answer is gone with the worker"):
-        MCPProvider(settings()).status(ref(request, run_id))
+        elsewhere.status(ref(request, run_id))
+    assert provider.snapshot(ref(request, run_id))["output"] == {"text": "sync", "seconds": 0.1}
+    assert elsewhere.snapshot(ref(request, run_id)) == {"status": "call", "output": None}
 
 
 def test_a_tool_slower_than_the_deadline_fails_naming_the_setting(
