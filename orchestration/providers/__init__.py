@@ -46,9 +46,16 @@ def _a2a(settings: Settings) -> Provider:
     return A2AProvider(settings)
 
 
+def _mcp(settings: Settings) -> Provider:
+    from orchestration.providers.mcp import MCPProvider
+
+    return MCPProvider(settings)
+
+
 register("langgraph", _langgraph)
 register("http", _http)
 register("a2a", _a2a)
+register("mcp", _mcp)
 
 _CACHE: dict[tuple[str, int], Provider] = {}
 _BUILDING = threading.Lock()

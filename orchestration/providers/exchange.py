@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
@@ -44,10 +44,12 @@ _SNIPPET_CHARS = 300
 
 @dataclass(frozen=True)
 class Reply:
-    """A response the caller asked to see: its status code and JSON body (``None`` if empty)."""
+    """A response the caller asked to see: its status code and JSON body (``None`` if empty;
+    its text when the caller asked for it ``raw``), and its headers."""
 
     status: int
     body: JSON
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class Exchange:
@@ -64,6 +66,10 @@ class Exchange:
         self._deadline = deadline
         self._bound = deadline.bound
         self._settings = settings
+
+    def remaining(self) -> float:
+        """Seconds left of the call's bound (negative once it is spent)."""
+        return self._deadline.remaining()
 
     def redact(self, text: str) -> str:
         """``text`` with every declared secret replaced, fit for an error message."""
@@ -82,6 +88,7 @@ class Exchange:
         accept: Collection[int] = (),
         repeatable: bool = True,
         charged: RequestBudget | None = None,
+        raw: bool = False,
     ) -> Reply:
         """One request; a 2xx or a status in ``accept`` is returned, anything else raises.
 
@@ -91,7 +98,7 @@ class Exchange:
         fresh one that starts with the URL. ``content`` is a JSON body already rendered;
         ``json_body`` is rendered here. Headers are checked again as a workflow may write
         them (no framing or routing header, no CR/LF/NUL); the engine's ``Accept-Encoding``
-        wins."""
+        wins. ``raw`` returns the body as text, unparsed (an event stream, say)."""
         budget = charged
         if budget is None:
             budget = RequestBudget(self._settings.max_request_bytes, what)
@@ -126,9 +133,9 @@ class Exchange:
                 continue
             if got is None:
                 raise RetryableProviderError(self.redact(f"{what}: cannot reach {url}"))
-            return self._reply(what, method, url, *got, accept)
+            return self._reply(what, method, url, *got, accept, raw)
 
-    def _once(self, request: httpx.Request) -> tuple[int, bytes] | None:
+    def _once(self, request: httpx.Request) -> tuple[int, bytes, httpx.Headers] | None:
         """Status and body, or ``None`` when no connection could be made (nothing was sent).
 
         The body is read raw and only while it stays under :data:`MAX_RESPONSE_BYTES` and
@@ -169,23 +176,33 @@ class Exchange:
             raise RetryableProviderError(
                 self.redact(f"{what}: connection failed ({exc})")
             ) from None
-        return response.status_code, b"".join(chunks)
+        return response.status_code, b"".join(chunks), response.headers
 
     def _reply(
-        self, what: str, method: str, url: str, status: int, raw: bytes, accept: Collection[int]
+        self,
+        what: str,
+        method: str,
+        url: str,
+        status: int,
+        content: bytes,
+        headers: httpx.Headers,
+        accept: Collection[int],
+        raw: bool,
     ) -> Reply:
-        text = raw.decode("utf-8", errors="replace")
+        text = content.decode("utf-8", errors="replace")
         if not (200 <= status < 300 or status in accept):
             snippet = self.redact(text.strip())[:_SNIPPET_CHARS]
             message = f"{what}: {method} {url} answered {status}: {snippet or '(empty body)'}"
             if status >= 500 or status in _TRANSIENT_CLIENT_STATUSES:
                 raise RetryableProviderError(message)
             raise PermanentProviderError(message)
+        if raw:
+            return Reply(status, text, dict(headers))
         try:
-            return Reply(status, json.loads(text) if text.strip() else None)
+            return Reply(status, json.loads(text) if text.strip() else None, dict(headers))
         except json.JSONDecodeError:
             if status in accept:
-                return Reply(status, None)
+                return Reply(status, None, dict(headers))
             snippet = self.redact(text.strip())[:_SNIPPET_CHARS]
             raise PermanentProviderError(
                 f"{what}: {method} {url} answered {status} with a body that is not JSON: {snippet}"
