@@ -118,7 +118,8 @@ def resume(owner: OwnerName, by: By = None, as_json: AsJson = False) -> None:
     elif lifted is None:
         _out.print(Text(f"owner {owner} was not suspended"))
     else:
-        _out.print(Text(f"resumed owner {owner} (suspended since {lifted.since:%Y-%m-%d %H:%M})"))
+        since = lifted.since.isoformat(timespec="seconds")
+        _out.print(Text(f"resumed owner {owner} (suspended since {since})"))
 
 
 def listing(as_json: AsJson = False) -> None:
