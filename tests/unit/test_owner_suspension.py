@@ -36,6 +36,7 @@ from tests.unit.support import (
     Clock,
     RecordingDispatcher,
     counts,
+    drive,
     launch,
     run_row,
     step_spec,
@@ -257,3 +258,36 @@ def test_the_cli_suspends_lists_and_resumes_an_owner(settings: Settings, tmp_pat
     assert "was not suspended" in run("owners", "resume", OWNER).stdout
     bad = run("owners", "suspend", OWNER, "--reason", " ")
     assert bad.returncode == 2 and "reason" in bad.stderr
+
+
+def test_an_answer_of_a_suspended_owner_is_refused(settings: Settings) -> None:
+    clock = Clock(T0)
+    human = workflow(step_spec("a", with_={"states": [["input_required"]], "prompt": "ok?"}))
+    run_id = launch(settings, human, now=clock.now, owner=OWNER)
+    drive(Stepper(settings, Executor(settings, None), clock=clock, worker="unit", pid=1), run_id)
+    assert run_row(settings, run_id).park_reason == "human"
+    orch = Orchestrator(settings, RecordingDispatcher(), clock=clock)
+    _suspend(orch)
+    with pytest.raises(OwnerSuspended):
+        orch.answer(run_id, "a", "yes", owner=OWNER)
+    assert run_row(settings, run_id).status == "parked"
+
+
+def test_the_dashboard_shows_the_owner_a_banner_and_the_operator_every_suspended_owner(
+    orch: Orchestrator, settings: Settings
+) -> None:
+    app = create_app(orch)
+    owner = TestClient(app, headers={"Authorization": f"Bearer {_token(settings, OWNER)}"})
+    operator_token = _token(settings, None, operator=True)
+    operator = TestClient(app, headers={"Authorization": f"Bearer {operator_token}"})
+    assert 'id="suspended-banner"' not in owner.get("/dashboard").text
+    assert 'id="suspended-owners"' not in operator.get("/dashboard").text
+    _suspend(orch, reason="abuse <b>42</b>")
+    page = owner.get("/dashboard")
+    assert page.status_code == 200
+    assert 'id="suspended-banner"' in page.text
+    assert "abuse &lt;b&gt;42&lt;/b&gt;" in page.text
+    listed = operator.get("/dashboard").text
+    assert 'data-owner="acme"' in listed and "operator alice" in listed
+    _resume(orch)
+    assert 'id="suspended-banner"' not in owner.get("/dashboard").text
