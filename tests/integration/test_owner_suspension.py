@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,12 @@ def test_cancel_live_ends_every_running_run_terminal_and_refuses_the_next_launch
             30,
             what=f"{run_id} polling",
         )
+    started = time.perf_counter()
     done = _cli(
         stack, "owners", "suspend", owner, "--reason", "abuse", "--cancel-live", "--batch", "2"
+    )
+    print(
+        f"suspend --cancel-live of {len(runs)} running runs: {time.perf_counter() - started:.2f}s"
     )
     assert done.returncode == 0, done.stderr
     assert f"cancelled 5 live runs of {owner}" in done.stdout
