@@ -162,9 +162,7 @@ def carry_out(
     """Carry out the due fires of ``planned`` (read by :func:`plan`, perhaps by a pass that
     another one has overtaken since: the fire rows keep that harmless)."""
     report = {"schedules": len(planned), "paused": 0, "launched": 0, "skipped": 0, "failed": 0}
-    held = transact(
-        lambda session: Done(suspensions.current(session, {p.schedule.owner for p in planned}))
-    )
+    held = transact(lambda session: Done(suspensions.current(session)))
     for one in planned:
         if one.paused:
             report["paused"] += 1
@@ -186,14 +184,20 @@ def _refuse(
     now: datetime,
     report: dict[str, int],
 ) -> None:
-    """Record the due fires of a suspended owner's schedule refused, launching nothing
-    (a suspension that commits after this read is refused by the launch itself)."""
+    """Refuse the due fires of a suspended owner's schedule, launching nothing: the latest
+    is recorded ``failed`` (which moves the cursor past them all), so a pass writes one row
+    per suspended schedule however often it fires (a suspension that commits after this
+    read is refused by the launch itself)."""
+    fires = list(due(planned, now))
+    if not fires:
+        return
     schedule, since = planned.schedule, suspension.since.isoformat(timespec="seconds")
     reason = f"owner suspended since {since} by {suspension.by}: {suspension.reason}"
-    for at in due(planned, now):
-        rid = request_id(schedule.owner, schedule.name, schedule.version, at)
-        if _record(transact, schedule, at, rid, FireStatus.FAILED, now, reason=reason):
-            report["failed"] += 1
+    if len(fires) > 1:
+        reason += f"; the {len(fires) - 1} due fires before this one were refused with it"
+    rid = request_id(schedule.owner, schedule.name, schedule.version, fires[-1])
+    if _record(transact, schedule, fires[-1], rid, FireStatus.FAILED, now, reason=reason):
+        report["failed"] += len(fires)
 
 
 def _fire_one(
