@@ -14,8 +14,11 @@ the budgets in ``runs/launch_statement.py``), or the first statement of its tran
 table (a launch that has checked holds its ``ACCESS SHARE`` lock until it commits), and a
 launch that starts meanwhile waits for it, then checks on a snapshot taken after the lock,
 which sees the suspension. So a launch either commits before the suspension (and
-``--cancel-live`` finds its run) or is refused; no launch slips between the two. The lock is
-held for one insert; launches of every owner wait that long.
+``--cancel-live`` finds its run) or is refused; no launch slips between the two. The other
+refusals (:func:`refuse`: a registration, an answer, an approval, a fan-out) read the table in
+the write's own transaction, so the lock orders them the same way. The lock is held for one
+insert; launches of every owner wait that long (and a suspension that stalls is ended by
+PostgreSQL's idle-in-transaction timeout, ``ORCH_PROVIDER_TIMEOUT`` + 2 s).
 """
 
 from __future__ import annotations

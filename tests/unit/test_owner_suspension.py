@@ -200,6 +200,8 @@ def test_cancel_live_cancels_every_live_run_in_batches_naming_the_suspension(
     runs = [orch.launch(workflow(step_spec("a")), owner=OWNER).id for _ in range(5)]
     other = orch.launch(workflow(step_spec("a")), owner="globex").id
     _suspend(orch)
+    # A live run of a suspended owner goes on; explain says what the suspension refuses.
+    assert "its owner 'acme' is suspended since" in orch.explain(runs[0], owner=OWNER)["why"]
     held = orch.transact(lambda session: Done(suspensions.of(session, OWNER)))
     assert held is not None
     seen: list[int] = []
