@@ -28,6 +28,7 @@ from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings, get_settings
 from orchestration.core.states import RUN_TERMINAL, RunStatus, StopReason
 from orchestration.execution import approving
+from orchestration.limits import suspensions
 from orchestration.observability import context, tracing
 from orchestration.reads import owned, summaries
 from orchestration.reads.records import RunRecord, to_record
@@ -141,19 +142,20 @@ class Orchestrator(RegisteredWorkflows):
 
         now = self.clock()
 
-        def read(session: Session) -> Done[tuple[RunRecord, judgement.Judged]]:
+        def read(session: Session) -> Done[tuple[RunRecord, judgement.Judged, str | None]]:
             record = self._read(session, run_id, owner)
             judged = judgement.judge(session, self.settings, run_id, now)
             assert judged is not None
-            return Done((record, judged))
+            cause = session.scalar(select(Run.cause).where(Run.id == record.id))
+            return Done((record, judged, suspensions.note(session, owner, cause)))
 
-        record, judged = self.transact(read)
+        record, judged, suspension = self.transact(read)
         sending = self.transact.queue is not None
         around = Around(
             liveness.sweeper_liveness(self.settings, now).doubt,
             lambda: broker_probe.workers_doubt(self.settings) if sending else None,
         )
-        return explain(self.settings, record, judged, now, around)
+        return explain(self.settings, record, judged, now, around, suspension=suspension)
 
     def events(self, run_id: str, *, owner: str) -> builtins.list[dict[str, Any]]:
         """The run's journal, oldest first."""

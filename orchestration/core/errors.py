@@ -144,3 +144,20 @@ class RequestOverLimit(PermanentProviderError):
     and the step fails ``over_limit``."""
 
     code = "over_limit"
+
+
+class OwnerSuspended(OrchestrationError):
+    """An operator suspended the owner (``orchestration owners suspend``): no new work of it
+    is admitted (launches, reruns, schedule fires, registrations, answers, approvals, API
+    tokens) until an operator resumes it."""
+
+    code = "owner_suspended"
+
+    def __init__(self, owner: str, since: str, reason: str) -> None:
+        self.owner = owner
+        self.since = since
+        self.reason = reason
+        super().__init__(
+            f"owner {owner!r} is suspended since {since} ({reason}); nothing new is admitted "
+            f"for it until an operator resumes it (`orchestration owners resume {owner}`)"
+        )

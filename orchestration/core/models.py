@@ -1,8 +1,8 @@
 """Every table, as SQLAlchemy 2 models: runs, steps, the journal, the effects outbox,
 checkpoints, artifacts, registered definitions, schedule fires and pauses, API tokens, the
-sweeper's liveness row, the fleet's samples, pruned runs' counts, live runs' counts and
-owners' deletions of runs. The Alembic migrations in ``orchestration/migrations`` create
-exactly these (a test compares them)."""
+sweeper's liveness row, the fleet's samples, pruned runs' counts, live runs' counts, owners'
+deletions of runs, and owner suspensions with their audit. The Alembic migrations in
+``orchestration/migrations`` create exactly these (a test compares them)."""
 
 from __future__ import annotations
 
@@ -513,3 +513,33 @@ class RunDeletion(Base):
     by: Mapped[str] = mapped_column(String(200))
     #: The run's branch runs that went with it.
     branch_runs: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class OwnerSuspension(Base):
+    """A suspended owner: while the row exists its launches, schedule fires, registrations,
+    answers, approvals and API tokens are refused (``orchestration owners suspend``)."""
+
+    __tablename__ = "owner_suspensions"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    suspended_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    reason: Mapped[str] = mapped_column(Text)
+    #: Who suspended it (``operator NAME`` or the CLI's user).
+    by: Mapped[str] = mapped_column(String(200))
+
+
+class OwnerEvent(Base):
+    """The audit of what operators did to an owner: each suspend and resume, with why and by
+    whom (a suspension's row goes when it is resumed; this stays)."""
+
+    __tablename__ = "owner_events"
+    __table_args__ = (Index("ix_owner_events_owner", "owner", "at"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    #: ``suspended``, ``resumed`` or ``cancelled_live`` (the count in ``detail``).
+    kind: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    by: Mapped[str] = mapped_column(String(200))
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)

@@ -23,6 +23,7 @@ from orchestration.core.settings import Settings
 from orchestration.core.states import ParkReason, RunStatus, StepStatus, StopReason
 from orchestration.execution import finishing, parking
 from orchestration.execution.outcomes import Halt, Outcome
+from orchestration.limits import suspensions
 from orchestration.runs import artifacts, closing, effects
 from orchestration.runs.transitions import lock_run, touch_step, transition_step
 from orchestration.workflows import decoded
@@ -75,6 +76,8 @@ def decide(
     """Record a person's decision on the approval step ``step_id`` and move the run on (or
     end it ``failed``, ``approval_rejected``)."""
     run, step = _parked(session, run_id, step_id, now)
+    if approve:  # an approval starts new work; a rejection only ends the run
+        suspensions.refuse(session, run.owner)
     assert run.waiting_until is not None
     if now >= run.waiting_until:
         raise ConflictError(

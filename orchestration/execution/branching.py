@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from orchestration.core.errors import LimitExceeded, ValidationError
+from orchestration.core.errors import LimitExceeded, OwnerSuspended, ValidationError
 from orchestration.core.followups import Done, Followups
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
@@ -49,7 +49,7 @@ from orchestration.execution import branch_runs, finishing, parking
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome
 from orchestration.execution.rows import fail
-from orchestration.limits import bounds
+from orchestration.limits import bounds, suspensions
 from orchestration.runs import artifacts, chains, closing, effects
 from orchestration.runs.transitions import lock_run, touch_run, transition_run, transition_step
 from orchestration.workflows import decoded, parsing, templates
@@ -77,6 +77,8 @@ def expand(
     fail the run clearly if the items are not a list or are over their bounds."""
     spec = entry.spec
     try:
+        # A suspended owner's fan-out starts no branch: the run fails naming the suspension.
+        suspensions.refuse(session, session.scalar(select(Run.owner).where(Run.id == run_id)) or "")
         branches = _branches(spec, context, settings)
         made = session.scalar(
             select(func.count()).select_from(Run).where(Run.parent_run_id == run_id)
@@ -92,7 +94,7 @@ def expand(
             Halt("branches over their bound"),
             fail(session, settings, run_id, f"step {spec.id}: {exc}", now, over=True),
         )
-    except ValidationError as exc:
+    except (ValidationError, OwnerSuspended) as exc:
         return Done(
             Halt("branches could not be made"),
             fail(session, settings, run_id, f"step {spec.id}: {exc}", now),

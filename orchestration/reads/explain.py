@@ -190,11 +190,14 @@ def explain(
     judged: Judged,
     now: datetime,
     around: Around | None = None,
+    *,
+    suspension: str | None = None,
 ) -> dict[str, Any]:
     """A structured explanation of ``record`` and what the SQL ``judged`` of it at ``now``
     (:func:`orchestration.core.health.judge`); ``text`` joins it into sentences. With ``around``,
     a next move that waits for a sweeper or a worker that is not there says so, and what to
-    start."""
+    start. ``suspension``: what the owner's suspension did or does to the run
+    (``limits.suspensions.note``), said after why."""
     status = RunStatus(record.status)
     step = _current(record)
     where = f"step {step.step_id!r} ({step.status}, attempt {step.attempt})" if step else "no step"
@@ -266,6 +269,8 @@ def explain(
         next_move = _next_poll(settings, step.next_poll_at if step else None, now)
     if record.health == Health.STALLED:
         why, next_move = _stalled(settings, record, judged, why, now)
+    if suspension is not None:
+        why += f"; {suspension}"
     live = record.health != Health.ENDED
     sweeper = around.sweeper if around is not None and live else None
     if around is not None and live:

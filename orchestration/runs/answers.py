@@ -13,6 +13,7 @@ from orchestration.core.followups import Done
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import ParkReason, RunStatus, StepStatus
+from orchestration.limits import suspensions
 from orchestration.runs import chains, new_rows
 from orchestration.runs.transitions import touch_run, transition_run, transition_step
 
@@ -22,10 +23,12 @@ def resume(
 ) -> Done[None]:
     """Start the next attempt of ``run``'s step ``step_id`` with ``value`` as its answer.
 
-    Raises :class:`ValidationError` for an unknown step and :class:`ConflictError` unless the
-    run is parked for a human at that step with no cancel requested (checked under the row
-    lock, so a cancel or the park's expiry that commits first wins)."""
+    Raises :class:`OwnerSuspended` for a suspended owner, :class:`ValidationError` for an
+    unknown step and :class:`ConflictError` unless the run is parked for a human at that
+    step with no cancel requested (checked under the row lock, so a cancel or the park's
+    expiry that commits first wins)."""
     run_id = run.id
+    suspensions.refuse(session, run.owner)
     step = session.scalars(
         select(Step).where(Step.run_id == run_id, Step.step_id == step_id)
     ).first()

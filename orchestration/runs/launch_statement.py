@@ -5,11 +5,13 @@ those the rows :mod:`.new_rows` built go in as one statement of data-modifying C
 in autocommit when the deployment sends pieces together
 (:func:`orchestration.core.pieces.one_statement`): the run's insert is made only where
 :func:`orchestration.limits.admission.admitted` holds and does
-nothing on a taken request id (``ON CONFLICT DO NOTHING``); the steps are selected from it,
+nothing on a taken request id (``ON CONFLICT DO NOTHING``) or for a suspended owner; the
+steps are selected from it,
 so they exist exactly when the run does, and the database journals the run. The statement
 also returns the run the request id named before it began (a replay is answered from it)
 and the new run's health. One that wrote nothing and found nothing (a budget full, a
-concurrent launch of the same id) leaves the launch to the transaction, which says which.
+suspended owner, a concurrent launch of the same id) leaves the launch to the transaction,
+which says which.
 The steps go in as one array for each column in which they differ (``new_runs.PER_STEP``)
 and one value for the rest, so the statement is the same whatever the run's length
 (``docs/architecture.md``).
@@ -30,7 +32,7 @@ from orchestration.core import health, pieces
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import Health
-from orchestration.limits import admission
+from orchestration.limits import admission, suspensions
 from orchestration.runs.new_rows import PER_STEP, NewRun
 
 _RUNS = cast(Table, Run.__table__)
@@ -124,14 +126,16 @@ def _statement(
         .cte("prior")
     )
     # A taken request id is looked up first and the counts only when it is free (``CASE``
-    # evaluates its branch lazily): a replay reads no count.
+    # evaluates its branch lazily): a replay reads no count. A suspended owner's run is not
+    # made, in this statement (``limits/suspensions.py`` says why that has no race).
     admitted = select(
         *(bindparam(f"r_{name}", type_=_RUNS.c[name].type) for name in run_columns)
     ).where(
         case(
             (exists(select(1).select_from(prior)), false()),
             else_=admission.admitted(owner),
-        )
+        ),
+        suspensions.admits(owner),
     )
     made = (
         postgresql.insert(_RUNS)

@@ -30,7 +30,7 @@ from orchestration.core.followups import Done, Followups, Transact
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import Health
-from orchestration.limits import admission
+from orchestration.limits import admission, suspensions
 from orchestration.runs import artifacts, closing, concurrency, launch_statement, new_rows
 from orchestration.workflows import decoded, parsing, registry
 
@@ -48,11 +48,13 @@ _FOUND = (
 )
 #: What admits a launch, in one statement built once: the run this owner's request id names
 #: (and its fingerprint) or, only when there is none (``CASE`` evaluates its branch lazily),
-#: the first budget with no room (:mod:`orchestration.limits.admission`) and the counts.
+#: the first budget with no room (:mod:`orchestration.limits.admission`), the owner's
+#: suspension (:mod:`orchestration.limits.suspensions`) and the counts.
 _ADMIT = select(
     _FOUND,
     select(Run.fingerprint).where(Run.id == _FOUND).scalar_subquery(),
     case((_FOUND.is_(None), admission.refused(bindparam("b_owner")))).label("refused"),
+    *suspensions.held(bindparam("b_owner")),
     *admission.counts(bindparam("b_owner")),
 )
 
@@ -225,12 +227,14 @@ def _write(
     read: Callable[[Session, Written], T],
 ) -> Done[T]:
     owner, now, reuse = request.owner, request.now, request.reuse
-    found, fingerprinted, refused, *counted = session.execute(
+    found, fingerprinted, refused, since, why, *counted = session.execute(
         _ADMIT,
         {"b_owner": owner, "b_request": request.request_id, **admission.limits(settings)},
     ).one()
     if found is not None:
         return Done(_replay(session, request, found, fingerprinted, read))
+    if (suspended := suspensions.refusal(owner, since, why)) is not None:
+        raise suspended
     if refused is not None:
         count = dict(zip((budget.name for budget in admission.BUDGETS), counted, strict=True))
         raise admission.error(refused, owner, count[refused], settings)

@@ -365,15 +365,24 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     out.print(f"database at revision {revision}")
 
 
+owners_app = typer.Typer(
+    help="Owners: suspend and resume.", no_args_is_help=True, rich_markup_mode=None
+)
+app.add_typer(owners_app, name="owners")
+
+
 def _register_extensions() -> None:
     from orchestration.surfaces import (
         definitions_cli,
         deletions_cli,
         maintenance,
+        owner_suspension_cli,
         process_cli,
         schedules_cli,
     )
     from orchestration.surfaces.api import commands
+
+    owner_suspension_cli.register(owners_app)
 
     process_cli.register(app)
     commands.register(app)

@@ -42,6 +42,7 @@ from orchestration.core.models import (
 )
 from orchestration.core.settings import Settings
 from orchestration.core.states import RUN_LIVE, StopReason
+from orchestration.limits import suspensions
 from orchestration.runs import cancellation, concurrency, launching
 from orchestration.workflows import registry
 from orchestration.workflows.schedules import Overlap, ScheduleSpec, fires_after
@@ -161,15 +162,42 @@ def carry_out(
     """Carry out the due fires of ``planned`` (read by :func:`plan`, perhaps by a pass that
     another one has overtaken since: the fire rows keep that harmless)."""
     report = {"schedules": len(planned), "paused": 0, "launched": 0, "skipped": 0, "failed": 0}
+    held = transact(lambda session: Done(suspensions.current(session)))
     for one in planned:
         if one.paused:
             report["paused"] += 1
+            continue
+        if (suspension := held.get(one.schedule.owner)) is not None:
+            _refuse(transact, one, suspension, now, report)
             continue
         for at in due(one, now):
             outcome = _fire_one(transact, settings, one.schedule, at, now)
             if outcome is not None:
                 report[outcome.value] += 1
     return report
+
+
+def _refuse(
+    transact: Transact,
+    planned: Planned,
+    suspension: suspensions.Suspension,
+    now: datetime,
+    report: dict[str, int],
+) -> None:
+    """Refuse the due fires of a suspended owner's schedule, launching nothing: the latest
+    is recorded ``failed`` (which moves the cursor past them all), so a pass writes one row
+    per suspended schedule however often it fires (a suspension that commits after this
+    read is refused by the launch itself)."""
+    fires = list(due(planned, now))
+    if not fires:
+        return
+    schedule, since = planned.schedule, suspension.since.isoformat(timespec="seconds")
+    reason = f"owner suspended since {since} by {suspension.by}: {suspension.reason}"
+    if len(fires) > 1:
+        reason += f"; the {len(fires) - 1} due fires before this one were refused with it"
+    rid = request_id(schedule.owner, schedule.name, schedule.version, fires[-1])
+    if _record(transact, schedule, fires[-1], rid, FireStatus.FAILED, now, reason=reason):
+        report["failed"] += len(fires)
 
 
 def _fire_one(

@@ -17,6 +17,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from orchestration.core.db import session_scope
+from orchestration.limits import suspensions
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.errors import ApiError
@@ -56,13 +57,18 @@ def _unauthorized(message: str) -> ApiError:
 def _holder(
     request: Request, credentials: HTTPAuthorizationCredentials | None
 ) -> tuple[str, str | None, bool]:
-    """``(owner, name, operator)`` of the request's live token; 401 ``unauthorized`` else."""
+    """``(owner, name, operator)`` of the request's live token; 401 ``unauthorized`` else,
+    and 403 ``owner_suspended`` for a token of a suspended owner (an operator's token acts
+    as no owner, and keeps working)."""
     if credentials is None:
         raise _unauthorized("missing bearer token: send `Authorization: Bearer <token>`")
     with session_scope(orchestrator(request).settings.database_url) as session:
         row = tokens.holder_of(session, credentials.credentials)
         if row is None:
             raise _unauthorized("unknown or revoked token")
+        held = None if row.operator else suspensions.of(session, row.owner)
+        if held is not None:
+            raise ApiError(403, "owner_suspended", str(held.error()))
         return row.owner, row.name, row.operator
 
 

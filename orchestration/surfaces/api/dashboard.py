@@ -31,8 +31,10 @@ from orchestration.core.errors import (
     RunNotFound,
     ValidationError,
 )
+from orchestration.core.followups import Done
 from orchestration.core.states import RUN_TERMINAL, Health, RunStatus
 from orchestration.execution import approving
+from orchestration.limits import suspensions
 from orchestration.reads.records import RunRecord
 from orchestration.runs import reruns
 from orchestration.service import Orchestrator
@@ -127,8 +129,18 @@ class Signed:
             "owner": self.owner,
             "operator": self.operator,
             "csrf": csrf_value(self.token),
+            **self._suspensions(),
             **context,
         }
+
+    def _suspensions(self) -> dict[str, Any]:
+        """The banner of a suspended owner's pages (``suspension``), or for an operator the
+        suspended owners (``suspended``): one read of a small table per page."""
+        if self.operator:
+            listed = self.orch.transact(lambda session: Done(suspensions.current(session)))
+            return {"suspended": list(listed.values())}
+        held = self.orch.transact(lambda session: Done(suspensions.of(session, self.owner)))
+        return {"suspension": held}
 
 
 def signed_in_as(request: Request) -> Signed | None:

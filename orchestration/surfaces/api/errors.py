@@ -28,6 +28,7 @@ from orchestration.core.errors import (
     IllegalTransition,
     LimitExceeded,
     OrchestrationError,
+    OwnerSuspended,
     ProviderError,
     RunNotFound,
     ValidationError,
@@ -41,6 +42,7 @@ LOG = logging.getLogger(__name__)
 STATUS: tuple[tuple[type[OrchestrationError], int], ...] = (
     (LimitExceeded, 422),
     (ValidationError, 400),
+    (OwnerSuspended, 403),
     (RunNotFound, 404),
     (ArtifactNotFound, 404),
     (ArtifactCorrupt, 500),
