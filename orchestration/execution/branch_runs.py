@@ -27,7 +27,7 @@ from orchestration.core.settings import Settings
 from orchestration.core.states import ConcurrencyState, RunStatus, StepStatus, StopReason
 from orchestration.runs import artifacts, chains
 from orchestration.runs.new_rows import new_step
-from orchestration.workflows import decoded, parsing, templates
+from orchestration.workflows import agents, decoded, parsing, templates
 from orchestration.workflows import steps as step_specs
 from orchestration.workflows.steps import StepSpec
 
@@ -159,6 +159,7 @@ def _row(parent: Run, made: Branch, now: datetime, **values: Any) -> Run:
         branch=made.index,
         branch_key=made.key,
         branch_context=made.context,
+        agents=parent.agents,
         **values,
     )
 
@@ -193,7 +194,7 @@ def write(
     session.add(run)
     only = made.definition["steps"][0]
     session.add(new_step(run.id, 0, only, now, task_id=plan.links[0].task_id if plan else None))
-    decoded.remember(run.id, (made.spec,))
+    decoded.remember(run.id, agents.applied((made.spec,), parent.agents))
     return plan
 
 

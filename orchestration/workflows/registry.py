@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from orchestration.core.errors import ValidationError
 from orchestration.core.models import WorkflowDefinition
 from orchestration.core.settings import Settings
-from orchestration.workflows import parsing
+from orchestration.workflows import agents, parsing
 
 #: The owner of the definitions an operator publishes for every owner.
 SHARED = ""
@@ -78,7 +78,8 @@ def register(
     """Validate ``data`` and store it as the next version of its name (``shared``: for every
     owner); the stored version and whether it is new. Raises :class:`ValidationError`
     naming the field for a bad definition, or a name that cannot be referred to."""
-    definition = parsing.parse(data, settings).as_dict()
+    known = agents.load(session, agents.named(data))
+    definition = parsing.parse(data, settings, agents=known).as_dict()
     name = definition["name"]
     if not REFERENCE.fullmatch(name) or "@" in name:
         raise ValidationError(
