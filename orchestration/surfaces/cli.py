@@ -366,7 +366,13 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
 
 
 def _register_extensions() -> None:
-    from orchestration.surfaces import definitions_cli, maintenance, process_cli, schedules_cli
+    from orchestration.surfaces import (
+        agents_cli,
+        definitions_cli,
+        maintenance,
+        process_cli,
+        schedules_cli,
+    )
     from orchestration.surfaces.api import commands
 
     process_cli.register(app)
@@ -374,6 +380,7 @@ def _register_extensions() -> None:
     maintenance.register(app)
     definitions_cli.register_commands(app)
     schedules_cli.register_commands(app)
+    agents_cli.register_commands(app)
 
 
 _register_extensions()
