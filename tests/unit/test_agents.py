@@ -261,3 +261,21 @@ def test_the_comparison_names_both_versions() -> None:
     assert said is not None and "'1' at launch" in said and "'2' at the step's start" in said
     assert evidence.changed({"error": "down"}, {"version": "2"}) is None
     assert json.dumps(said)
+
+
+def test_explain_and_the_dashboard_say_what_each_step_ran_on(settings: Settings) -> None:
+    clock = Clock(T0)
+    run_id = launch(settings, workflow(_pinned("1.0")))
+    drive(Stepper(settings, Executor(settings, None), clock=clock, worker="u", pid=1), run_id)
+    orch = Orchestrator(settings, RecordingDispatcher(), clock=clock)
+    told = orch.explain(run_id, owner="owner-1")
+    assert told["ran_on"]["a"]["start"]["version"] == "1.0"
+    assert "step 'a' at launch ran on 'sim' 1.0, at start ran on 'sim' 1.0" in told["text"]
+    with session_scope(settings.database_url) as session:
+        token = tokens.create(session, "owner-1", "t", now=clock.now)
+    client = TestClient(create_app(orch), headers={"Authorization": f"Bearer {token}"})
+    page = client.get(f"/dashboard/runs/{run_id}").text
+    row = page[page.index('<tr class="evidence">') :]
+    row = row[: row.index("</tr>")]
+    assert "at launch:" in row and "at start:" in row
+    assert row.count('<span class="mono">sim</span> 1.0') == 2
