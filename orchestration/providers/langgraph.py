@@ -402,6 +402,7 @@ class LangGraphProvider:
                     what="langgraph assistant search",
                     headers=headers,
                     json_body={"graph_id": wanted, "limit": 1},
+                    accept=(404, 422),
                 ).body
                 found = listed[0] if isinstance(listed, list) and listed else None
         if not isinstance(found, dict):

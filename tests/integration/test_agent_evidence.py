@@ -9,15 +9,20 @@ the time it starts fails ``agent_changed`` and sends the agent nothing.
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from orchestration.core.db import utcnow
-from orchestration.core.errors import ValidationError
+from orchestration.core.errors import PermanentProviderError, ValidationError
 from orchestration.core.followups import Done
+from orchestration.core.settings import Settings
 from orchestration.providers.a2a import context_id
+from orchestration.providers.http import HttpProvider
 from orchestration.runtime.executor import Executor
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
@@ -109,3 +114,49 @@ def test_a_pinned_agent_that_did_not_change_runs(
     flow = {"name": "steady", "steps": [_step("research-pinned", {"do": "complete", "text": "ok"})]}
     done = finished(orch, orch.launch(flow, owner=owner).id, owner)
     assert (done.status, done.result) == ("completed", "ok"), done.error
+
+
+class _Versioned(BaseHTTPRequestHandler):
+    """A service whose ``GET /about`` states its version inside its JSON."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"build": {"version": "4.2"}} if self.path == "/about" else {}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+def test_an_http_agent_states_its_version_at_the_path_its_spec_names() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Versioned)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        entry = agents.Entry("svc", "http", base)
+        spec = {
+            "start": {"url": "/runs"},
+            "status": {"url": "/runs/{run_id}"},
+            "cancel": {"url": "/runs/{run_id}/cancel"},
+            "run_id_path": "id",
+            "status_path": "status",
+        }
+        settings = Settings(provider_hosts="127.0.0.1", provider_timeout=3)
+        http = HttpProvider(settings)
+
+        def asking(path: str) -> dict[str, Any]:
+            return agents.options(
+                entry, {**spec, "version": {"url": "/about"}, "version_path": path}
+            )
+
+        seen = http.describe(asking("build.version"))
+        assert (seen.version, seen.detail) == ("4.2", {"version_path": "build.version"})
+        assert http.describe(agents.options(entry, spec)).version is None  # it names none
+        with pytest.raises(PermanentProviderError, match=r"no version at 'build\.nope'"):
+            http.describe(asking("build.nope"))
+    finally:
+        server.shutdown()
+        server.server_close()
