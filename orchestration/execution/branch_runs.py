@@ -12,6 +12,7 @@ all its branches again: naming it asks for it to run.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -173,8 +174,11 @@ def write(
     now: datetime,
     *,
     admit: bool,
+    launched: Mapping[str, Any] | None = None,
 ) -> ChainPlan | None:
-    """Insert one branch run and its step; return its first segment if it is admitted now."""
+    """Insert one branch run and its step; return its first segment if it is admitted now.
+    ``launched``: what the launch recorded of the branches' agents, by step id (the
+    branching step's ``evidence["branches"]``), the branch's ``launch`` evidence."""
     waiting = "" if admit else "; waiting for a slot"
     run = _row(
         parent,
@@ -193,7 +197,10 @@ def write(
     run.task_ids = plan.task_ids if plan else []
     session.add(run)
     only = made.definition["steps"][0]
-    session.add(new_step(run.id, 0, only, now, task_id=plan.links[0].task_id if plan else None))
+    row = new_step(run.id, 0, only, now, task_id=plan.links[0].task_id if plan else None)
+    if launched and made.spec.id in launched:
+        row.evidence = {"launch": launched[made.spec.id]}
+    session.add(row)
     decoded.remember(run.id, agents.applied((made.spec,), parent.agents))
     return plan
 

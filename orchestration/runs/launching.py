@@ -31,11 +31,16 @@ from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import Health
 from orchestration.limits import admission
-from orchestration.providers import budget, evidence
-from orchestration.runs import artifacts, closing, concurrency, launch_statement, new_rows
+from orchestration.runs import (
+    artifacts,
+    closing,
+    concurrency,
+    launch_evidence,
+    launch_statement,
+    new_rows,
+)
 from orchestration.workflows import agents as registered_agents
 from orchestration.workflows import decoded, parsing, registry
-from orchestration.workflows.steps import StepSpec, WorkflowSpec
 
 T = TypeVar("T")
 
@@ -148,7 +153,7 @@ def launch_then(
     spec = parsing.parse(workflow, settings, args=clean_args, agents=agents)
     kept = {name: entry.snapshot() for name, entry in agents.items()} or None
     steps = registered_agents.applied(spec.steps, kept)
-    seen = _launch_evidence(settings, spec, steps, now)
+    seen = launch_evidence.described(settings, steps, kept, now)
     definition = spec.as_dict()
     # The whole request is fingerprinted: the same request_id with another workflow, args,
     # concurrency key or conflict policy is a different request, hence a conflict.
@@ -193,33 +198,6 @@ def launch_then(
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
-
-
-def _launch_evidence(
-    settings: Settings,
-    spec: WorkflowSpec,
-    steps: tuple[StepSpec, ...],
-    now: datetime,
-) -> tuple[dict[str, Any] | None, ...]:
-    """What the agents of the steps that name one, or are pinned, say of themselves now
-    (``providers.evidence``), all within one ``ORCH_PROVIDER_TIMEOUT``; a pinned step whose
-    agent cannot say refuses the launch, naming the step."""
-    seen: list[dict[str, Any] | None] = []
-    with budget.within(settings.provider_timeout):
-        for index, step in enumerate(steps):
-            pinned = step.pin
-            if step.branching or step.approval is not None or not (step.agent or pinned):
-                seen.append(None)
-                continue
-            found = evidence.observe(settings, step.provider, step.options, now)
-            if pinned and found is not None and "error" in found:
-                raise ValidationError(
-                    f"steps[{index}].pin",
-                    f"step {spec.steps[index].id!r} is pinned, but its agent's version could "
-                    f"not be read at launch: {found['error']}",
-                )
-            seen.append(None if found is None else {"launch": found})
-    return tuple(seen)
 
 
 def _write_once(

@@ -279,3 +279,29 @@ def test_explain_and_the_dashboard_say_what_each_step_ran_on(settings: Settings)
     row = row[: row.index("</tr>")]
     assert "at launch:" in row and "at start:" in row
     assert row.count('<span class="mono">sim</span> 1.0') == 2
+
+
+def test_a_pinned_branch_is_held_to_the_version_recorded_at_launch(settings: Settings) -> None:
+    clock = Clock(T0)
+    queue = RecordingDispatcher()
+    fan = {"id": "fan", "for_each": [1, 2], "step": _pinned("2.0")}
+    run_id = launch(settings, workflow(fan), dispatcher=queue)
+    parent = steps_of(settings, run_id)[0]
+    assert parent.evidence["branches"]["a"]["version"] == "2.0"
+    # The launch recorded 1.0 (as if the agent changed since): every branch must refuse.
+    said = {**parent.evidence["branches"]["a"], "version": "1.0"}
+    force_step(settings, run_id, 0, evidence={"branches": {"a": said}})
+    stepper = Stepper(settings, Executor(settings, queue), clock=clock, worker="u", pid=1)
+    stepper.advance(run_id, 0, queue.chains[0].links[0].tick, chained=False)
+    branches = [
+        branch["run_id"]
+        for branch in Orchestrator(settings, queue).get(run_id, owner="owner-1").steps[0].branches
+        or []
+    ]
+    assert len(branches) == 2
+    first = branches[0]
+    assert steps_of(settings, first)[0].evidence["launch"]["version"] == "1.0"
+    drive(stepper, first)
+    ended = run_row(settings, first)
+    assert (ended.status, ended.stop_reason) == ("failed", "agent_changed")
+    assert ScriptedProvider(settings).start_calls(first) == []
