@@ -1,8 +1,8 @@
 """Every table, as SQLAlchemy 2 models: runs, steps, the journal, the effects outbox,
 checkpoints, artifacts, registered definitions, schedule fires and pauses, API tokens, the
 sweeper's liveness row, the fleet's samples, pruned runs' counts, live runs' counts, owners'
-deletions of runs, and owner suspensions with their audit. The Alembic migrations in
-``orchestration/migrations`` create exactly these (a test compares them)."""
+deletions of runs, owner suspensions with their audit, and the operator's agent registry. The
+Alembic migrations in ``orchestration/migrations`` create exactly these (a test compares them)."""
 
 from __future__ import annotations
 
@@ -210,6 +210,10 @@ class Run(Base):
     #: What a branch's templates see beside ``args``: ``{item, index, steps}`` (the parent's
     #: completed outputs when the branch was made).
     branch_context: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    #: The registry entries its ``agent:`` steps name, as they were at launch (``{name:
+    #: {provider, url, secret, options, pin}}``): the run calls what it was launched with.
+    #: Never shown to the owner (a record has no such field).
+    agents: Mapped[Any] = mapped_column(JSONType, nullable=True)
 
     # Loaded only when read: the step task reads its run several times per execution and
     # never needs the other steps (eager loading them showed in its profile, docs/benchmarks).
@@ -279,6 +283,10 @@ class Step(Base):
     #: The attempts this step has ended and retried, oldest first: ``{attempt, reason, error,
     #: provider_run_id, started_at, ended_at}`` each.
     past_attempts: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    #: What the step's agent said of itself (:class:`~orchestration.providers.base.Evidence`):
+    #: ``{launch: {...}, start: {...}}``, each ``{name, version, detail, at}`` or ``{error,
+    #: at}``; ``None`` for a step whose provider does not describe itself.
+    evidence: Mapped[Any] = mapped_column(JSONType, nullable=True)
 
     run: Mapped[Run] = relationship(back_populates="steps")
 
@@ -543,3 +551,23 @@ class OwnerEvent(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     by: Mapped[str] = mapped_column(String(200))
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+
+
+class Agent(Base):
+    """An agent the operator registered (``orchestration agents add``): a step names it
+    (``agent: NAME``) instead of a provider and a URL."""
+
+    __tablename__ = "agents"
+
+    name: Mapped[str] = mapped_column(String(80), primary_key=True)
+    #: ``a2a``, ``mcp``, ``langgraph`` or ``http``.
+    provider: Mapped[str] = mapped_column(String(40))
+    url: Mapped[str] = mapped_column(Text)
+    #: The name of the secret its calls carry (declared in ``ORCH_PROVIDER_SECRETS``).
+    secret: Mapped[str | None] = mapped_column(String(200))
+    #: Default ``with:`` options of the steps that name it.
+    options: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    #: Every step that names it is pinned (``pin: true``).
+    pin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -220,6 +220,10 @@ class Settings(TenantLimits):
     #: tests): its cookies are then not marked ``Secure``. Otherwise they always are, also
     #: when a proxy that ends TLS hands the app plain http.
     dashboard_plain_http: bool = False
+    #: Workflows may name provider URLs themselves (``provider: http`` with its own ``url``)
+    #: instead of a registered agent (``agent: NAME``). Off by default: the operator's agent
+    #: registry (``orchestration agents``) is then the only way a tenant reaches a host.
+    allow_raw_urls: bool = False
 
     @field_validator("otel_endpoint")
     @classmethod

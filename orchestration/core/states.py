@@ -96,6 +96,8 @@ class StopReason(StrEnum):
     #: A branch run whose parent ended first (cancelled, timed out, or failed because a
     #: sibling branch failed under ``join: all``).
     PARENT_ENDED = "parent_ended"
+    #: A pinned step's agent stated another version at the step's start than at launch.
+    AGENT_CHANGED = "agent_changed"
 
 
 class ParkReason(StrEnum):
@@ -268,6 +270,7 @@ STOP_REASONS: dict[RunStatus, frozenset[StopReason]] = {
             StopReason.OVER_LIMIT,
             StopReason.APPROVAL_REJECTED,
             StopReason.APPROVAL_EXPIRED,
+            StopReason.AGENT_CHANGED,
         }
     ),
     _R.CANCELLED: frozenset(

@@ -12,6 +12,7 @@ all its branches again: naming it asks for it to run.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,7 +28,7 @@ from orchestration.core.settings import Settings
 from orchestration.core.states import ConcurrencyState, RunStatus, StepStatus, StopReason
 from orchestration.runs import artifacts, chains
 from orchestration.runs.new_rows import new_step
-from orchestration.workflows import decoded, parsing, templates
+from orchestration.workflows import agents, decoded, parsing, templates
 from orchestration.workflows import steps as step_specs
 from orchestration.workflows.steps import StepSpec
 
@@ -159,6 +160,7 @@ def _row(parent: Run, made: Branch, now: datetime, **values: Any) -> Run:
         branch=made.index,
         branch_key=made.key,
         branch_context=made.context,
+        agents=parent.agents,
         **values,
     )
 
@@ -172,8 +174,11 @@ def write(
     now: datetime,
     *,
     admit: bool,
+    launched: Mapping[str, Any] | None = None,
 ) -> ChainPlan | None:
-    """Insert one branch run and its step; return its first segment if it is admitted now."""
+    """Insert one branch run and its step; return its first segment if it is admitted now.
+    ``launched``: what the launch recorded of the branches' agents, by step id (the
+    branching step's ``evidence["branches"]``), the branch's ``launch`` evidence."""
     waiting = "" if admit else "; waiting for a slot"
     run = _row(
         parent,
@@ -192,8 +197,11 @@ def write(
     run.task_ids = plan.task_ids if plan else []
     session.add(run)
     only = made.definition["steps"][0]
-    session.add(new_step(run.id, 0, only, now, task_id=plan.links[0].task_id if plan else None))
-    decoded.remember(run.id, (made.spec,))
+    row = new_step(run.id, 0, only, now, task_id=plan.links[0].task_id if plan else None)
+    if launched and made.spec.id in launched:
+        row.evidence = {"launch": launched[made.spec.id]}
+    session.add(row)
+    decoded.remember(run.id, agents.applied((made.spec,), parent.agents))
     return plan
 
 

@@ -144,7 +144,16 @@ def expand(
     parking.park(session, settings, run, step, ParkReason.BRANCHES, now)
     slots = limit(spec, settings)
     plans = [
-        branch_runs.write(session, settings, run, spec, one, now, admit=position < slots)
+        branch_runs.write(
+            session,
+            settings,
+            run,
+            spec,
+            one,
+            now,
+            admit=position < slots,
+            launched=(step.evidence or {}).get("branches"),
+        )
         for position, one in enumerate(fresh)
     ]
     return Done(

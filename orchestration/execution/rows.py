@@ -111,16 +111,18 @@ def fail(
     now: datetime,
     *,
     over: bool = False,
+    reason: StopReason | None = None,
 ) -> Followups:
     """Fail the run from its own step; ``over`` when a value did not fit its bound
-    (``over_limit``). The error is redacted and bounded first: it may quote a provider."""
+    (``over_limit``), or for ``reason``. The error is redacted and bounded first: it may
+    quote a provider."""
     text = bounds.error_text(error, settings)
     return closing.end_run(
         session,
         settings,
         run_id,
         RunStatus.FAILED,
-        stop_reason=StopReason.OVER_LIMIT if over else StopReason.STEP_FAILED,
+        stop_reason=reason or (StopReason.OVER_LIMIT if over else StopReason.STEP_FAILED),
         cause="a value did not fit its bound" if over else "step failed",
         now=now,
         error=text,

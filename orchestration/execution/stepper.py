@@ -34,7 +34,7 @@ from orchestration.core.followups import Done, Transact
 from orchestration.core.models import Run
 from orchestration.core.settings import MARGIN_SECONDS, Settings
 from orchestration.core.states import RUN_TERMINAL, RunStatus, StopReason
-from orchestration.execution import calls, finishing, observing, parking, releasing
+from orchestration.execution import agent_checks, calls, finishing, observing, parking, releasing
 from orchestration.execution import entry as entries
 from orchestration.execution.entry import Entry, Phase
 from orchestration.execution.finishing import EffectsDue
@@ -186,9 +186,23 @@ class Stepper:
         # The start, and the status and checkpoint right after it, share one call's bound;
         # what follows them (the record, a cancel honoured) is outside it.
         with budget.within(self.settings.provider_timeout):
+            checked = agent_checks.before_start(
+                self.settings,
+                self.transact,
+                entry,
+                call.provider,
+                call.request.options,
+                self.clock(),
+            )
+            outage = checked.outage
+            if checked.refused is not None:
+                refused = PermanentProviderError(checked.refused)
             try:
-                with tracing.span("provider.start", provider=call.provider, key=call.request.key):
-                    provider_run_id = provider.start(call.request)
+                if outage is None and refused is None and checked.changed is None:
+                    with tracing.span(
+                        "provider.start", provider=call.provider, key=call.request.key
+                    ):
+                        provider_run_id = provider.start(call.request)
             except RetryableProviderError as exc:
                 outage = str(exc)
             except PermanentProviderError as exc:
@@ -210,6 +224,7 @@ class Stepper:
             refused=refused,
             observed=observed,
             captured=captured,
+            checked=checked,
         )
 
     def _after_start(
@@ -225,8 +240,10 @@ class Stepper:
         refused: PermanentProviderError | None = None,
         observed: TurnStatus | None = None,
         captured: tuple[Any, str | None] | None = None,
+        checked: agent_checks.Checked | None = None,
     ) -> Outcome:
-        """Record what the start call came to, clear the claim, and act on the first status."""
+        """Record what the start call came to (and what the agent said of itself before
+        it), clear the claim, and act on the first status."""
         now = self.clock()
         spec, tick = entry.spec, entry.tick
 
@@ -235,8 +252,21 @@ class Stepper:
             unfit = provider_run_id is not None and bounds.provider_id(
                 provider_run_id, self.settings
             )
-            if outage is not None or refused is not None or unfit:
-                touch_step(session, step, now, start_claimed_at=None)
+            seen = checked.kept(step.evidence) if checked is not None else {}
+            if outage is not None or refused is not None or unfit or provider_run_id is None:
+                touch_step(session, step, now, start_claimed_at=None, **seen)
+            if checked is not None and checked.changed is not None:
+                return Done(
+                    Halt("the pinned agent changed"),
+                    fail(
+                        session,
+                        self.settings,
+                        run_id,
+                        checked.changed,
+                        now,
+                        reason=StopReason.AGENT_CHANGED,
+                    ),
+                )
             if outage is not None:
                 return observing.outage(session, self.settings, run, step, spec, outage, now)
             if refused is not None:
@@ -261,6 +291,7 @@ class Stepper:
                 "last_provider_status": (observed.raw[:200] or None) if observed else "started",
                 "error": None,
                 "next_poll_at": now + timedelta(seconds=spec.poll_interval),
+                **seen,
             }
             if observed is not None and observed.status in FINISHED:
                 return finishing.finish(

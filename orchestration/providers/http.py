@@ -27,7 +27,14 @@ from orchestration.core.errors import LimitExceeded, PermanentProviderError, Val
 from orchestration.core.settings import Settings
 from orchestration.limits import secrets
 from orchestration.providers import headers as header_rules
-from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
+from orchestration.providers.base import (
+    JSON,
+    Evidence,
+    ProviderStatus,
+    TurnRef,
+    TurnRequest,
+    TurnStatus,
+)
 from orchestration.providers.exchange import Reply, check_egress, exchange
 from orchestration.providers.request_budget import (
     MAX_PLACEHOLDERS,
@@ -78,10 +85,26 @@ def check_known(options: Mapping[str, Any], known: Collection[str], where: str =
 # --- the http provider -------------------------------------------------------------------
 
 _PATHS = ("run_id_path", "status_path", "output_path", "error_path", "prompt_path")
-_OPTIONS = ("start", "status", "cancel", "resume", *_PATHS, "status_map", "headers")
+_OPTIONS = (
+    "start",
+    "status",
+    "cancel",
+    "resume",
+    *_PATHS,
+    "status_map",
+    "headers",
+    "version",
+    "version_path",
+)
 _SPEC_KEYS = ("url", "method", "headers", "body")
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-_DEFAULT_METHODS = {"start": "POST", "resume": "POST", "status": "GET", "cancel": "POST"}
+_DEFAULT_METHODS = {
+    "start": "POST",
+    "resume": "POST",
+    "status": "GET",
+    "cancel": "POST",
+    "version": "GET",
+}
 _DEFAULT_BODY: dict[str, JSON] = {"task": "{task}"}
 #: The values each endpoint fills in (its other ``{name}`` stay as written).
 _FILLED = {
@@ -89,6 +112,7 @@ _FILLED = {
     "resume": ("task", "key", "resume"),
     "status": ("run_id", "key"),
     "cancel": ("run_id", "key"),
+    "version": (),
 }
 #: Cancelling a turn the service no longer has, or that already finished, is not an error.
 _CANCEL_DONE = (404, 409, 410)
@@ -230,14 +254,16 @@ class HttpProvider:
 
     def validate(self, options: Mapping[str, Any]) -> None:
         check_known(options, _OPTIONS)
-        endpoints = ["start", "status", "cancel", *(["resume"] if "resume" in options else [])]
+        endpoints = ["start", "status", "cancel"]
+        endpoints += [name for name in ("resume", "version") if name in options]
         for name in endpoints:
             _check_spec(options, name)
         if "headers" in options:
             check_headers(options["headers"], "headers")
-        for name in _PATHS:
+        for name in (*_PATHS, "version_path"):
             value = options.get(name)
             needed = value is not None or name in ("run_id_path", "status_path")
+            needed = needed or (name == "version_path" and "version" in options)
             if needed and not (isinstance(value, str) and value):
                 raise ValidationError(name, "must be a dotted path such as data.id")
         status_map = options.get("status_map")
@@ -313,6 +339,22 @@ class HttpProvider:
                 f"{self._shown(reply.body)}"
             )
         return str(run_id)
+
+    def describe(self, options: Mapping[str, Any]) -> Evidence:
+        """The service's host, and its version when the spec names where to read it: a
+        ``version`` request (a GET by default) whose JSON answer holds it at
+        ``version_path``. Without them the service states no version (nothing to pin)."""
+        name = urlsplit(str(options["start"]["url"])).netloc
+        if "version" not in options:
+            return Evidence(name=name, version=None)
+        path = str(options["version_path"])
+        reply = self._call(options, "version", {})
+        found, value = pick(reply.body, path)
+        if not found or value is None or isinstance(value, dict | list):
+            raise PermanentProviderError(
+                f"http version: the answer has no version at {path!r}: {self._shown(reply.body)}"
+            )
+        return Evidence(name=name, version=str(value), detail={"version_path": path})
 
     def _shown(self, body: JSON) -> str:
         """A service's answer as an error quotes it: redacted, then cut."""

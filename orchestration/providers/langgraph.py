@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote
 
 from orchestration.core.egress import Resolver, system_resolver
 from orchestration.core.errors import (
@@ -37,7 +38,14 @@ from orchestration.core.errors import (
 )
 from orchestration.core.settings import Settings
 from orchestration.limits import secrets
-from orchestration.providers.base import JSON, ProviderStatus, TurnRef, TurnRequest, TurnStatus
+from orchestration.providers.base import (
+    JSON,
+    Evidence,
+    ProviderStatus,
+    TurnRef,
+    TurnRequest,
+    TurnStatus,
+)
 from orchestration.providers.exchange import Exchange, check_egress, exchange
 from orchestration.providers.http import check_known, check_url, json_size
 from orchestration.providers.request_budget import (
@@ -373,3 +381,38 @@ class LangGraphProvider:
             if json_size(snapshot) > limit:
                 snapshot[name] = {"omitted": f"{size} bytes, over ORCH_MAX_OUTPUT_BYTES"}
         return snapshot
+
+    def describe(self, options: Mapping[str, Any]) -> Evidence:
+        """The step's assistant: its name and version, with its id and graph. An
+        ``assistant_id`` that is a graph name reads the graph's first assistant."""
+        wanted = str(options["assistant_id"])
+        with self._session(options) as (http, base, headers):
+            reply = http.send(
+                "GET",
+                f"{base}/assistants/{quote(wanted, safe='')}",
+                what="langgraph assistant",
+                headers=headers,
+                accept=(404, 422),
+            )
+            found = reply.body if reply.status == 200 else None
+            if not isinstance(found, dict):
+                listed = http.send(
+                    "POST",
+                    f"{base}/assistants/search",
+                    what="langgraph assistant search",
+                    headers=headers,
+                    json_body={"graph_id": wanted, "limit": 1},
+                    accept=(404, 422),
+                ).body
+                found = listed[0] if isinstance(listed, list) and listed else None
+        if not isinstance(found, dict):
+            shown = secrets.redact(wanted, self._settings)
+            raise PermanentProviderError(
+                f"langgraph: the server has no assistant or graph {shown!r}"
+            )
+        version = found.get("version")
+        return Evidence(
+            name=str(found.get("name") or found.get("graph_id") or wanted),
+            version=None if version is None else str(version),
+            detail={"assistant_id": found.get("assistant_id"), "graph_id": found.get("graph_id")},
+        )

@@ -68,6 +68,7 @@ from orchestration.core.settings import Settings
 from orchestration.providers import scripted_options
 from orchestration.providers.base import JSON as JSONValue
 from orchestration.providers.base import (
+    Evidence,
     ProviderStatus,
     TurnRef,
     TurnRequest,
@@ -154,6 +155,14 @@ class ScriptedProvider:
 
     def validate(self, options: Mapping[str, Any]) -> None:
         scripted_options.check(options)
+
+    def describe(self, options: Mapping[str, Any]) -> Evidence | None:
+        """What the step's ``evidence`` option says the simulated agent is; ``None``: the
+        step simulates an agent that says nothing of itself."""
+        said = options.get("evidence")
+        if said is None:
+            return None
+        return Evidence(name=said.get("name"), version=said.get("version"))
 
     def start(self, request: TurnRequest) -> str:
         run_id = "scripted-" + hashlib.sha256(request.key.encode()).hexdigest()[:20]

@@ -42,6 +42,10 @@ OPTIONS: dict[str, str] = {
         'a script per attempt of the step, e.g. `[[["failed"]], [["failed"]]]` fails the '
         "first two; later attempts play `states` (to rehearse `retry`)"
     ),
+    "evidence": (
+        "what the simulated agent says of itself, `{name, version}` (recorded as the step's "
+        "evidence, compared by `pin`); default: nothing"
+    ),
 }
 #: The option names.
 KNOWN = frozenset(OPTIONS)
@@ -63,6 +67,13 @@ def check(options: Mapping[str, Any]) -> None:
         raise ValidationError("error", "must be a string")
     if "checkpoint_fails" in options and not isinstance(options["checkpoint_fails"], bool):
         raise ValidationError("checkpoint_fails", "must be true or false")
+    said = options.get("evidence")
+    if said is not None and (
+        not isinstance(said, Mapping)
+        or set(said) - {"name", "version"}
+        or not all(isinstance(value, str) for value in said.values())
+    ):
+        raise ValidationError("evidence", "must be {name: text, version: text}")
     scripts = options.get("attempt_states", [])
     if not isinstance(scripts, list):
         raise ValidationError("attempt_states", "must be a list of scripts, one per attempt")

@@ -279,7 +279,7 @@ def explain(
             missing.append(workers)
         if missing:
             next_move += "; but " + "; and ".join(missing)
-    summary = {
+    summary: dict[str, Any] = {
         "run_id": record.id,
         "status": record.status,
         "health": record.health,
@@ -301,4 +301,27 @@ def explain(
         f"Run {record.id} is {record.status} (health: {record.health}) because {why}. "
         f"Next: {next_move}. {ends}" + (" Flagged for review." if record.needs_review else "")
     )
+    ran_on = {step.step_id: step.evidence for step in record.steps if step.evidence}
+    if ran_on:
+        summary["ran_on"] = ran_on
+        said = "; ".join(f"step {step!r} {ran_on_text(seen)}" for step, seen in ran_on.items())
+        summary["text"] += f" Agents: {said}."
     return summary
+
+
+def ran_on_text(seen: dict[str, Any]) -> str:
+    """A step's evidence in words: what its agent said at launch and at the turn's start."""
+    parts = []
+    for moment in ("launch", "start"):
+        one = seen.get(moment)
+        if not isinstance(one, dict):
+            continue
+        if "error" in one:
+            parts.append(f"at {moment} could not say ({one['error']})")
+            continue
+        detail = ", ".join(f"{key} {value}" for key, value in (one.get("detail") or {}).items())
+        version = one.get("version") or "no version"
+        parts.append(
+            f"at {moment} ran on {one.get('name')!r} {version}" + (f" ({detail})" if detail else "")
+        )
+    return ", ".join(parts) or "said nothing"

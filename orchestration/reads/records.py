@@ -53,6 +53,9 @@ class StepRecord(BaseModel):
     #: run_id, status, attempt, output, output_artifact, error, provider_run_id, started_at,
     #: finished_at}`` each (``None`` otherwise).
     branches: list[dict[str, Any]] | None = None
+    #: What the step's agent said of itself: ``{launch, start}``, each ``{name, version,
+    #: detail, at}`` or ``{error, at}`` (``None``: its provider does not describe itself).
+    evidence: dict[str, Any] | None = None
 
     @field_validator("past_attempts", mode="before")
     @classmethod

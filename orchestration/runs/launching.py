@@ -31,7 +31,15 @@ from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import Health
 from orchestration.limits import admission, suspensions
-from orchestration.runs import artifacts, closing, concurrency, launch_statement, new_rows
+from orchestration.runs import (
+    artifacts,
+    closing,
+    concurrency,
+    launch_evidence,
+    launch_statement,
+    new_rows,
+)
+from orchestration.workflows import agents as registered_agents
 from orchestration.workflows import decoded, parsing, registry
 
 T = TypeVar("T")
@@ -140,7 +148,14 @@ def launch_then(
     if concurrency_key is not None:
         check_name("concurrency_key", concurrency_key)
     clean_args = parsing.check_args({} if args is None else args, settings)
-    spec = parsing.parse(workflow, settings, args=clean_args)
+    names = registered_agents.named(workflow)
+    agents: dict[str, registered_agents.Entry] = {}
+    if names:
+        agents = transact(lambda session: Done(registered_agents.load(session, names)))
+    spec = parsing.parse(workflow, settings, args=clean_args, agents=agents)
+    kept = {name: entry.snapshot() for name, entry in agents.items()} or None
+    steps = registered_agents.applied(spec.steps, kept)
+    seen = launch_evidence.described(settings, steps, kept, now)
     definition = spec.as_dict()
     # The whole request is fingerprinted: the same request_id with another workflow, args,
     # concurrency key or conflict policy is a different request, hence a conflict.
@@ -162,11 +177,16 @@ def launch_then(
         concurrency_key=concurrency_key,
         on_conflict=on_conflict,
         now=now,
-        steps=tuple(spec.steps),
+        steps=steps,
         reuse=reuse,
         version=version,
+        agents=kept,
+        evidence=seen,
     )
-    if once and launch_statement.fits(settings, request):
+    # The one statement writes the columns every launch has; a run with agents or evidence
+    # goes through the transaction.
+    plain = kept is None and not any(seen)
+    if once and plain and launch_statement.fits(settings, request):
         made = transact(
             lambda session: _write_once(session, settings, request, read), autocommit=True
         )

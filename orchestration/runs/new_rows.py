@@ -51,6 +51,10 @@ class NewRun:
     steps: tuple[StepSpec, ...]
     reuse: Reuse | None
     version: int | None
+    #: The registry entries its steps name, as kept on the run (``runs.agents``).
+    agents: dict[str, Any] | None = None
+    #: Per step, what its agent said of itself at launch (``steps.evidence``), or ``None``.
+    evidence: tuple[dict[str, Any] | None, ...] = ()
 
 
 def rows(
@@ -95,6 +99,8 @@ def rows(
         concurrency=decision.concurrency.value if decision is not None else None,
         needs_review=False,
     )
+    if request.agents is not None:
+        run.agents = request.agents
     rows = [
         new_step(
             run_id,
@@ -107,6 +113,10 @@ def rows(
         )
         for index, step in enumerate(definition["steps"])
     ]
+    if any(request.evidence):
+        # Every row is given the column, so that the steps insert with the same columns.
+        for row, seen in zip(rows, request.evidence, strict=True):
+            row.evidence = seen
     return run, rows, plan
 
 

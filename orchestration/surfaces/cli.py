@@ -373,6 +373,7 @@ app.add_typer(owners_app, name="owners")
 
 def _register_extensions() -> None:
     from orchestration.surfaces import (
+        agents_cli,
         definitions_cli,
         deletions_cli,
         maintenance,
@@ -390,6 +391,7 @@ def _register_extensions() -> None:
     definitions_cli.register_commands(app)
     schedules_cli.register_commands(app)
     deletions_cli.register(app)
+    agents_cli.register_commands(app)
 
 
 _register_extensions()

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestration.core.models import Run
+from orchestration.workflows import agents
 from orchestration.workflows.steps import StepSpec
 
 #: Runs whose specs one process keeps.
@@ -24,14 +25,17 @@ _LOCK = Lock()
 
 
 def of_run(session: Session, run_id: str) -> tuple[StepSpec, ...]:
-    """The run's steps as parsed specs."""
+    """The run's steps as parsed specs, an ``agent:`` step's options those of the entry its
+    launch kept."""
     with _LOCK:
         cached = _CACHE.get(run_id)
         if cached is not None:
             _CACHE.move_to_end(run_id)
             return cached
-    workflow = session.scalar(select(Run.workflow).where(Run.id == run_id))
-    specs = tuple(StepSpec.model_validate(step) for step in (workflow or {}).get("steps", []))
+    found = session.execute(select(Run.workflow, Run.agents).where(Run.id == run_id)).first()
+    workflow, kept = (found.workflow, found.agents) if found is not None else (None, None)
+    written = (StepSpec.model_validate(step) for step in (workflow or {}).get("steps", []))
+    specs = agents.applied(written, kept)
     remember(run_id, specs)
     return specs
 

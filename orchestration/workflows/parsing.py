@@ -24,6 +24,7 @@ from orchestration.core.errors import LimitExceeded, ValidationError
 from orchestration.core.settings import Settings
 from orchestration.limits.host_lookups import fields_under
 from orchestration.providers.exchange import launch_checks
+from orchestration.workflows import agents as registered_agents
 from orchestration.workflows import args_schema
 from orchestration.workflows import templates as templating
 from orchestration.workflows.steps import (
@@ -45,12 +46,20 @@ def _field_of(loc: tuple[int | str, ...]) -> str:
     return "".join(parts)
 
 
-def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = None) -> WorkflowSpec:
+def parse(
+    data: Any,
+    settings: Settings,
+    *,
+    args: Mapping[str, Any] | None = None,
+    agents: Mapping[str, registered_agents.Entry] | None = None,
+) -> WorkflowSpec:
     """Validate a workflow dict against the schema, the providers and the limits.
 
     ``args``, when given, are checked against the templates (an ``{{ args.x }}`` that the args
-    lack is an error at launch, not at the step). Raises :class:`ValidationError` naming the
-    field, or :class:`LimitExceeded`.
+    lack is an error at launch, not at the step). ``agents`` are the registered agents the
+    steps may name (:func:`orchestration.workflows.agents.load`); an ``agent:`` step's
+    ``provider`` becomes its agent's. Raises :class:`ValidationError` naming the field, or
+    :class:`LimitExceeded`.
     """
     if not isinstance(data, Mapping):
         raise ValidationError("workflow", "must be a mapping with 'name' and 'steps'")
@@ -70,6 +79,14 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
             message = "is not a known field"
         raise ValidationError(field, message) from None
     spec = _default_intervals(spec, settings)
+    spec = spec.model_copy(
+        update={
+            "steps": [
+                registered_agents.resolved(step, f"steps[{index}]", agents or {})
+                for index, step in enumerate(spec.steps)
+            ]
+        }
+    )
     if spec.args_schema is not None:
         args_schema.check_schema(spec.args_schema)
         if args is not None:
@@ -85,7 +102,7 @@ def parse(data: Any, settings: Settings, *, args: Mapping[str, Any] | None = Non
     # The provider URLs' lookups run concurrently and share one deadline.
     with launch_checks(settings):
         for index, step in enumerate(spec.steps):
-            _check_step(step, f"steps[{index}]", settings, args, earlier)
+            _check_step(step, f"steps[{index}]", settings, args, earlier, agents=agents or {})
             earlier.append(step.id)
     return spec
 
@@ -98,18 +115,31 @@ def _check_step(
     earlier: list[str],
     *,
     item: bool = False,
+    agents: Mapping[str, registered_agents.Entry],
 ) -> None:
     """Check one step (or branch, where ``item`` says whether ``{{ item }}`` is there)."""
     if step.approval is not None:
         _check_approval(step.approval, where, settings, args, earlier, item=item)
         return
     if step.branching:
-        _check_branching(step, where, settings, args, earlier)
+        _check_branching(step, where, settings, args, earlier, agents)
         return
     if step.provider not in providers.names():
         raise ValidationError(
             f"{where}.provider",
             f"unknown provider {step.provider!r}; known: {', '.join(providers.names())}",
+        )
+    options = step.options
+    if step.agent is not None:
+        entry = agents[step.agent]
+        registered_agents.check_step_options(entry, step.options, f"{where}.with")
+        options = registered_agents.options(entry, step.options)
+    elif step.provider not in _CALLS_NOTHING and not settings.allow_raw_urls:
+        raise ValidationError(
+            f"{where}.provider",
+            f"step {step.id!r} names provider {step.provider!r} with URLs of its own; name a "
+            "registered agent instead (agent: NAME), or the operator allows raw URLs with "
+            "ORCH_ALLOW_RAW_URLS=true",
         )
     size = plain_json(step.options, f"{where}.with")
     if size > settings.max_options_bytes:
@@ -120,7 +150,7 @@ def _check_step(
         )
     try:
         with fields_under(f"{where}.with."):
-            providers.get_provider(step.provider, settings).validate(step.options)
+            providers.get_provider(step.provider, settings).validate(options)
     except ValidationError as exc:
         raise type(exc)(f"{where}.with.{exc.field}".rstrip("."), exc.problem) from None
     size = plain_json(step.task, f"{where}.task")
@@ -139,6 +169,7 @@ def _check_branching(
     settings: Settings,
     args: Mapping[str, Any] | None,
     earlier: list[str],
+    agents: Mapping[str, registered_agents.Entry],
 ) -> None:
     limit = step.branch_limit
     if limit is not None and limit > settings.max_branch_concurrency:
@@ -154,7 +185,7 @@ def _check_branching(
             inner = f"{where}.parallel.steps[{index}]"
             if branch.branching:
                 raise ValidationError(inner, "a branch cannot itself branch (for_each or parallel)")
-            _check_step(branch, inner, settings, args, earlier)
+            _check_step(branch, inner, settings, args, earlier, agents=agents)
         return
     assert step.step is not None
     if step.step.branching:
@@ -178,7 +209,11 @@ def _check_branching(
             )
     else:
         items_of(step.for_each, field, settings)
-    _check_step(step.step, f"{where}.step", settings, args, earlier, item=True)
+    _check_step(step.step, f"{where}.step", settings, args, earlier, item=True, agents=agents)
+
+
+#: Providers that call no URL a workflow names: allowed whatever ``ORCH_ALLOW_RAW_URLS`` says.
+_CALLS_NOTHING = frozenset({"scripted"})
 
 
 def items_of(value: Any, field: str, settings: Settings) -> list[Any]:

@@ -24,7 +24,7 @@ from orchestration.core.errors import ValidationError
 from orchestration.core.models import WorkflowDefinition
 from orchestration.core.settings import Settings
 from orchestration.limits import suspensions
-from orchestration.workflows import parsing
+from orchestration.workflows import agents, parsing
 
 #: The owner of the definitions an operator publishes for every owner.
 SHARED = ""
@@ -81,7 +81,8 @@ def register(
     naming the field for a bad definition, or a name that cannot be referred to, and
     :class:`OwnerSuspended` for a suspended owner."""
     suspensions.refuse(session, owner)
-    definition = parsing.parse(data, settings).as_dict()
+    known = agents.load(session, agents.named(data))
+    definition = parsing.parse(data, settings, agents=known).as_dict()
     name = definition["name"]
     if not REFERENCE.fullmatch(name) or "@" in name:
         raise ValidationError(

@@ -17,6 +17,8 @@ from orchestration.core.states import Join, RetryOn
 from orchestration.workflows.schedules import ScheduleSpec
 
 STEP_ID_PATTERN = r"^[A-Za-z0-9_-]{1,80}$"
+#: A registered agent's name (``orchestration agents add``).
+AGENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$"
 #: Poll intervals of a step that sets none, lowered to ``ORCH_MAX_POLL_INTERVAL_LIMIT`` when
 #: that is lower (see ``workflows``).
 DEFAULT_POLL_INTERVAL = 1.0
@@ -150,6 +152,12 @@ class StepSpec(BaseModel):
     # pydantic matches with Rust's regex, where ``$`` is the end of the text (no newline).
     id: str = Field(pattern=STEP_ID_PATTERN)
     provider: str = Field(APPROVAL_PROVIDER, min_length=1, max_length=80)
+    #: A registered agent, which supplies the provider, its URL and its secret; the stored
+    #: step keeps both (``provider`` is then the agent's).
+    agent: str | None = Field(None, pattern=AGENT_PATTERN)
+    #: Fail the step (``agent_changed``) when its agent's version at the turn's start is not
+    #: the one recorded at launch.
+    pin: bool = False
     task: Any = ""
     options: dict[str, Any] = Field(default_factory=dict, alias="with")
     timeout: float = Field(1800.0, gt=0)
@@ -185,7 +193,8 @@ class StepSpec(BaseModel):
         kinds = [
             name
             for name, present in (
-                ("provider", "provider" in given),
+                ("provider", "provider" in given and self.agent is None),
+                ("agent", self.agent is not None),
                 ("approval", self.approval is not None),
                 ("for_each", self.for_each is not None),
                 ("parallel", self.parallel is not None),
@@ -193,16 +202,21 @@ class StepSpec(BaseModel):
             if present
         ]
         if not kinds:
-            raise ValueError("a step needs a provider, an approval, a for_each or a parallel")
+            raise ValueError(
+                "a step needs a provider, an agent, an approval, a for_each or a parallel"
+            )
         if len(kinds) > 1:
             raise ValueError(
-                "a step is one of provider, approval, for_each or parallel; "
+                "a step is one of provider, agent, approval, for_each or parallel; "
                 f"this one has {' and '.join(kinds)}"
             )
         kind = kinds[0]
-        if kind != "provider" and {"task", "options"} & given:
+        turn = kind in ("provider", "agent")
+        if not turn and self.pin:
+            raise ValueError(f"a {kind} step has no pin (it calls no agent)")
+        if not turn and {"task", "options"} & given:
             raise ValueError(f"a {kind} step has no task or with")
-        if kind != "provider" and self.retry is not None:
+        if not turn and self.retry is not None:
             where = " (give the branch's step one)" if kind in _BRANCHING else ""
             raise ValueError(f"a {kind} step has no retry{where}")
         if (self.step is not None) != (kind == "for_each"):
@@ -265,9 +279,19 @@ class WorkflowSpec(BaseModel):
 
 
 def _canonical(step: dict[str, Any]) -> dict[str, Any]:
-    for optional in ("retry", "approval", "for_each", "step", "parallel", "max_concurrency"):
+    for optional in (
+        "retry",
+        "approval",
+        "for_each",
+        "step",
+        "parallel",
+        "max_concurrency",
+        "agent",
+    ):
         if step.get(optional) is None:
             step.pop(optional, None)
+    if not step.get("pin"):
+        step.pop("pin", None)
     branching = any(key in step for key in _BRANCHING)
     if "for_each" not in step:  # a parallel step has its join under parallel
         step.pop("join", None)

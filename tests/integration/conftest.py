@@ -44,6 +44,8 @@ FAST_SETTINGS = {
     "ORCH_EFFECT_BACKOFF": "0.2",
     # Loopback is granted explicitly: the default list is empty.
     "ORCH_PROVIDER_HOSTS": "localhost,127.0.0.0/8,::1",
+    # Workflows name their providers' URLs themselves (the registry's tests name agents).
+    "ORCH_ALLOW_RAW_URLS": "true",
 }
 
 

@@ -274,3 +274,21 @@ def test_server_crash_is_an_outage_then_the_turn_finishes_or_vanishes(
     assert final.raw in ("success/idle", "vanished"), final
     if final.raw == "success/idle":
         assert final.output == {"answer": 42, "task": "hello"}
+
+
+def test_describe_names_the_assistant_and_its_version(
+    server: LangGraphServer, provider: LangGraphProvider
+) -> None:
+    # A graph name reads the graph's assistant; its id then reads the same one directly.
+    by_graph = provider.describe(options(server, "answer"))
+    assert by_graph.detail["graph_id"] == "answer"
+    assert by_graph.version is not None and by_graph.name
+    assistant = str(by_graph.detail["assistant_id"])
+    by_id = provider.describe(options(server, assistant))
+    assert (by_id.name, by_id.version, by_id.detail) == (
+        by_graph.name,
+        by_graph.version,
+        by_graph.detail,
+    )
+    with pytest.raises(PermanentProviderError, match="no assistant or graph 'nothing-here'"):
+        provider.describe(options(server, "nothing-here"))

@@ -224,8 +224,15 @@ class A2AAgent:
             yield
             await handler.aclose()
 
+        async def restated(served: AgentCard) -> AgentCard:
+            # The card states ``version`` as it is now: a test changes it under a run.
+            now = AgentCard()
+            now.CopyFrom(served)
+            now.version = self.version
+            return now
+
         routes = [
-            *create_agent_card_routes(agent_card),
+            *create_agent_card_routes(agent_card, card_modifier=restated),
             *create_jsonrpc_routes(handler, rpc_url="/"),
         ]
         return _Gate(Starlette(routes=routes, lifespan=lifespan), self)

@@ -61,6 +61,8 @@ FAST: dict[str, Any] = {
     "effect_backoff": 0.01,
     # Loopback is granted explicitly: the default list is empty.
     "provider_hosts": "localhost,127.0.0.0/8,::1",
+    # Workflows name their providers' URLs themselves (the registry's tests turn it off).
+    "allow_raw_urls": True,
 }
 
 

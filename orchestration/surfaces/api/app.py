@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from orchestration.runtime.liveness import check
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import (
+    agents,
     dashboard,
     deletions,
     errors,
@@ -91,6 +92,7 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     app.include_router(runs.router)
     app.include_router(deletions.router)
     app.include_router(workflows.router)
+    app.include_router(agents.router)
     app.include_router(schedules.router)
     app.include_router(operator.router)
     app.include_router(dashboard.router)
