@@ -405,9 +405,45 @@ MCP = Adapter(
 )
 
 
+#: A server without tasks answers every call within the start: no turn of it is ever running.
+_NO_RUNNING = (
+    "a server without tasks answers the call within the start (at most ORCH_PROVIDER_TIMEOUT): "
+    "no turn is ever observed running, and one that works longer fails at its start, naming "
+    "the setting, so there is nothing live to cancel"
+)
+
+MCP_SYNC = Adapter(
+    name="mcp-sync",
+    provider=MCPProvider,
+    serve=_mcp_serving(tasks=False),
+    settings=lambda _: {},
+    completes=MCP.completes,
+    works=MCP.works,
+    fails=MCP.fails,
+    turns=_mcp_turns,
+    # Without tasks the ask tool answers its question at once: nothing parks.
+    asks=MCP.asks,
+    aim=MCP.aim,
+    gaps={
+        "test_status_maps_running_completed_with_output_and_failed": _NO_RUNNING,
+        "test_cancel_is_bounded_and_idempotent_on_a_live_and_a_finished_turn": _NO_RUNNING,
+        "test_figures": _NO_RUNNING,
+        "test_input_required_then_resume": (
+            "a server without tasks has no input_required: a tool that needs input answers "
+            "the call (the test server's ask tool answers its question), and nothing resumes"
+        ),
+        "test_the_hard_deadline_ends_every_call_to_a_server_that_hangs": (
+            "the suite's stand-in provider run id 'turn-1' names no MCP task nor call, so "
+            "status refuses it permanently before any request; start meets the deadline, and "
+            "a synchronous call's status and cancel send nothing (the start kept its answer)"
+        ),
+    },
+)
+
+
 #: Every provider the suite runs, by name. A new provider adds its entry here.
 ADAPTERS: dict[str, Adapter] = {
-    adapter.name: adapter for adapter in (SCRIPTED, HTTP, LANGGRAPH, A2A, MCP)
+    adapter.name: adapter for adapter in (SCRIPTED, HTTP, LANGGRAPH, A2A, MCP, MCP_SYNC)
 }
 
 
