@@ -28,6 +28,8 @@ from orchestration.core.settings import Settings
 from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest, TurnStatus
 from orchestration.providers.mcp import MCPProvider
 from tests.conftest import wait_for
+from tests.support.conformance import silent
+from tests.support.hostile_servers import HostileServer
 from tests.support.mcp_server import NAME, VERSION, MCPServer, start_mcp_server
 
 pytestmark = pytest.mark.integration
@@ -250,6 +252,26 @@ def test_a_start_past_its_deadline_begins_no_call(server: MCPServer, provider: M
     with pytest.raises(RetryableProviderError, match="deadline passed"):
         provider.start(late)
     assert server.calls["work"] == before
+
+
+def test_status_and_cancel_of_a_task_whose_server_hangs_end_at_the_deadline(
+    server: MCPServer,
+) -> None:
+    """A task's server that stops answering mid-task (the conformance suite sends its status
+    and cancel a stand-in run id, which names no MCP task): each call ends by its deadline,
+    as an outage. The bound is generous, the machine may be loaded: the point is the end."""
+    provider = MCPProvider(settings(provider_timeout=1))
+    request = turn(server, "work", {"seconds": 600})
+    run_id = provider.start(request)
+    with HostileServer(silent) as hanging:
+        where = TurnRef(request.key, run_id, {**request.options, "url": hanging.url})
+        for call in (provider.status, provider.cancel):
+            began = time.monotonic()
+            with pytest.raises(RetryableProviderError):
+                call(where)
+            assert time.monotonic() - began < 1 + 6.0, call
+        assert len(hanging.requests) == 2, "each call reached the hanging server"
+    provider.cancel(ref(request, run_id))
 
 
 def test_the_server_and_the_tool_are_the_evidence(

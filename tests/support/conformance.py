@@ -26,11 +26,13 @@ from orchestration.providers.a2a import A2AProvider, context_id
 from orchestration.providers.base import Provider, TurnRequest
 from orchestration.providers.http import HttpProvider
 from orchestration.providers.langgraph import KEY_FIELD, LangGraphProvider, thread_id
+from orchestration.providers.mcp import MCPProvider
 from orchestration.providers.scripted import ScriptedProvider
 from tests.support.a2a_agent import A2AAgent
 from tests.support.agent_service import AgentService
 from tests.support.hostile_servers import Conversation
 from tests.support.langgraph_server import LangGraphServer, available
+from tests.support.mcp_server import MCPServer, start_mcp_server
 
 #: Loopback, granted explicitly (the default list is empty).
 LOOPBACK = "localhost,127.0.0.0/8,::1"
@@ -333,9 +335,115 @@ A2A = Adapter(
 )
 
 
+# --- mcp: the mcp package's own server around our tools (tests/support/mcp_server.py) --------
+
+
+def _mcp_serving(tasks: bool) -> Callable[[Path], contextlib.AbstractContextManager[MCPServer]]:
+    """The test server, with task support (MCP 2025-11-25) or without (synchronous calls)."""
+
+    @contextlib.contextmanager
+    def serve(_: Path) -> Iterator[MCPServer]:
+        server = start_mcp_server(tasks=tasks)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+    return serve
+
+
+def _mcp_options(url: str, tool: str = "echo", secret: bool = False) -> dict[str, Any]:
+    options: dict[str, Any] = {"url": url, "tool": tool}
+    if secret:
+        options["headers"] = {"Authorization": {"secret": SECRET_ENV, "prefix": "Bearer "}}
+    return options
+
+
+def _mcp_turns(server: MCPServer, req: TurnRequest) -> int:
+    """The ``tools/call`` requests the server received with the turn key (its
+    ``Idempotency-Key``): MCP gives a task no name of the requestor's to count by."""
+    return server.keys.count(req.key)
+
+
+#: Why the hanging-server case fails for mcp: the suite's stand-in run id, not the deadline.
+_NO_TASK_ID = (
+    "the suite's stand-in provider run id 'turn-1' names no MCP task (mcp's run id is the task "
+    "and its session, as JSON, or a synchronous call's), so status refuses it permanently "
+    "before any request; start meets the deadline, and so do status and cancel of a real task "
+    "whose server hangs (test_provider_mcp.py::"
+    "test_status_and_cancel_of_a_task_whose_server_hangs_end_at_the_deadline)"
+)
+
+MCP = Adapter(
+    name="mcp",
+    provider=MCPProvider,
+    serve=_mcp_serving(tasks=True),
+    settings=lambda _: {},
+    completes=lambda s: Play(
+        {"seconds": 0.2, "text": "done"},
+        _mcp_options(s.url, "work"),
+        output={"text": "done", "seconds": 0.2},
+    ),
+    works=lambda s: Play({"seconds": 600}, _mcp_options(s.url, "work")),
+    fails=lambda s: Play(
+        {"message": "boom"}, _mcp_options(s.url, "fail"), error="the tool failed: boom"
+    ),
+    turns=_mcp_turns,
+    asks=lambda s: (
+        Play({"question": "which branch?"}, _mcp_options(s.url, "ask"), prompt="which branch?"),
+        Play({"question": "which branch?"}, _mcp_options(s.url, "ask"), output=ANSWER),
+    ),
+    # The suite's turns aimed at a URL carry the text "hello": the echo tool's text.
+    aim=lambda url, secret: {**_mcp_options(url, "echo", secret), "arguments": {"text": "{task}"}},
+    gaps={
+        "test_input_required_then_resume": (
+            "a task waiting for input asks through MCP elicitation, which a workflow step "
+            "cannot answer: the resumed start fails (PermanentProviderError) saying so"
+        ),
+        "test_the_hard_deadline_ends_every_call_to_a_server_that_hangs": _NO_TASK_ID,
+    },
+)
+
+
+#: A server without tasks answers every call within the start: no turn of it is ever running.
+_NO_RUNNING = (
+    "a server without tasks answers the call within the start (at most ORCH_PROVIDER_TIMEOUT): "
+    "no turn is ever observed running, and one that works longer fails at its start, naming "
+    "the setting, so there is nothing live to cancel"
+)
+
+MCP_SYNC = Adapter(
+    name="mcp-sync",
+    provider=MCPProvider,
+    serve=_mcp_serving(tasks=False),
+    settings=lambda _: {},
+    completes=MCP.completes,
+    works=MCP.works,
+    fails=MCP.fails,
+    turns=_mcp_turns,
+    # Without tasks the ask tool answers its question at once: nothing parks.
+    asks=MCP.asks,
+    aim=MCP.aim,
+    gaps={
+        "test_status_maps_running_completed_with_output_and_failed": _NO_RUNNING,
+        "test_cancel_is_bounded_and_idempotent_on_a_live_and_a_finished_turn": _NO_RUNNING,
+        "test_figures": _NO_RUNNING,
+        "test_input_required_then_resume": (
+            "a server without tasks has no input_required: a tool that needs input answers "
+            "the call (the test server's ask tool answers its question), and nothing resumes"
+        ),
+        "test_the_hard_deadline_ends_every_call_to_a_server_that_hangs": (
+            "the suite's stand-in provider run id 'turn-1' names no MCP task nor call, so "
+            "status refuses it permanently before any request; start meets the deadline, and "
+            "a synchronous call's status and cancel send nothing (the start kept its answer)"
+        ),
+    },
+)
+
+
 #: Every provider the suite runs, by name. A new provider adds its entry here.
 ADAPTERS: dict[str, Adapter] = {
-    adapter.name: adapter for adapter in (SCRIPTED, HTTP, LANGGRAPH, A2A)
+    adapter.name: adapter for adapter in (SCRIPTED, HTTP, LANGGRAPH, A2A, MCP, MCP_SYNC)
 }
 
 
