@@ -231,7 +231,7 @@ def _hung_calls(
     deadline (its start is prompt)."""
     if adapter.aim is not None:
         req = request(Play("hello", adapter.aim(hanging, False)))
-        where = _ref(req, "turn-1")
+        where = _ref(req, adapter.stand_in)
         return [
             ("start", lambda: provider.start(req)),
             ("status", lambda: provider.status(where)),
