@@ -2,7 +2,7 @@
 checkpoints, artifacts, registered definitions, schedule fires and pauses, API tokens, the
 sweeper's liveness row, the fleet's samples, pruned runs' counts, live runs' counts and
 owners' deletions of runs. The Alembic migrations in ``orchestration/migrations`` create
-exactly these (a test compares them)."""
+exactly these (``tests/unit/test_migrations_match_models.py`` compares them)."""
 
 from __future__ import annotations
 
@@ -200,7 +200,8 @@ class Run(Base):
     #: A branch run: the run whose ``for_each`` or ``parallel`` step made it, that step's
     #: index, the branch's position, and its key (the item's index, or the parallel step id).
     parent_run_id: Mapped[str | None] = mapped_column(
-        ForeignKey("runs.id", ondelete="CASCADE"), nullable=True
+        ForeignKey("runs.id", ondelete="CASCADE", name="fk_runs_parent_run_id_runs"),
+        nullable=True,
     )
     parent_step: Mapped[int | None] = mapped_column(Integer)
     branch: Mapped[int | None] = mapped_column(Integer)
