@@ -2,7 +2,8 @@
 checkpoints, artifacts, registered definitions, schedule fires and pauses, API tokens, the
 sweeper's liveness row, the fleet's samples, pruned runs' counts, live runs' counts, owners'
 deletions of runs, owner suspensions with their audit, and the operator's agent registry. The
-Alembic migrations in ``orchestration/migrations`` create exactly these (a test compares them)."""
+Alembic migrations in ``orchestration/migrations`` create exactly these
+(``tests/unit/test_migrations_match_models.py`` compares them)."""
 
 from __future__ import annotations
 
@@ -200,7 +201,8 @@ class Run(Base):
     #: A branch run: the run whose ``for_each`` or ``parallel`` step made it, that step's
     #: index, the branch's position, and its key (the item's index, or the parallel step id).
     parent_run_id: Mapped[str | None] = mapped_column(
-        ForeignKey("runs.id", ondelete="CASCADE"), nullable=True
+        ForeignKey("runs.id", ondelete="CASCADE", name="fk_runs_parent_run_id_runs"),
+        nullable=True,
     )
     parent_step: Mapped[int | None] = mapped_column(Integer)
     branch: Mapped[int | None] = mapped_column(Integer)

@@ -4,8 +4,9 @@ A turn plays ``states``, a list of ``[status, seconds]`` pairs, from the moment 
 the last pair is held forever. Turns live in a small table of their own (``scripted_turns``),
 so every worker process sees the same turn, and ``start`` is idempotent per key the way a real
 runtime's idempotency key is. A cancel tombstones the key: a start that arrives after it
-returns the cancelled turn instead of starting a new one. A start that arrives after its
-request's ``deadline`` (on the store's clock) begins nothing and answers as an outage.
+returns the cancelled turn instead of starting a new one; a cancel that lands after the turn
+ended leaves its end. A start that arrives after its request's ``deadline`` (on the store's
+clock) begins nothing and answers as an outage.
 
 Every ``start`` call is also journaled (``scripted_start_calls``: the key, when the call
 arrived on the provider's own clock, and what it did), like a real runtime's access log. A turn row
@@ -66,14 +67,15 @@ from orchestration.core.errors import RetryableProviderError
 from orchestration.core.models import UTCDateTime
 from orchestration.core.settings import Settings
 from orchestration.providers import scripted_options
-from orchestration.providers.base import JSON as JSONValue
 from orchestration.providers.base import (
+    ENDED,
     Evidence,
     ProviderStatus,
     TurnRef,
     TurnRequest,
     TurnStatus,
 )
+from orchestration.providers.base import JSON as JSONValue
 
 _META = MetaData()
 TURNS = Table(
@@ -237,16 +239,21 @@ class ScriptedProvider:
             return TurnStatus(ProviderStatus.PENDING, raw="pending")
         now = utcnow()
         options = row.options
-        if row.cancel_requested_at is not None:
-            landed = row.cancel_requested_at + timedelta(
-                seconds=float(options.get("cancel_delay", 0) or 0)
-            )
-            if now >= landed or row.started_at is None:
-                return TurnStatus(ProviderStatus.CANCELLED, raw="cancelled")
         if row.resuming:
             states = options.get("resume_states", _DEFAULT_RESUME_STATES)
         else:
             states = options.get("states", _DEFAULT_STATES)
+        if row.started_at is None:  # a tombstone: the cancel came before any start
+            return TurnStatus(ProviderStatus.CANCELLED, raw="cancelled")
+        if row.cancel_requested_at is not None:
+            landed = row.cancel_requested_at + timedelta(
+                seconds=float(options.get("cancel_delay", 0) or 0)
+            )
+            # A cancel that lands on a turn already ended stops nothing: the turn keeps its
+            # end, as a real runtime's does.
+            ended = _play(states, (landed - row.started_at).total_seconds())[0] in ENDED
+            if now >= landed and not ended:
+                return TurnStatus(ProviderStatus.CANCELLED, raw="cancelled")
         elapsed = (now - row.started_at).total_seconds()
         word, began = _play(states, elapsed)
         status = ProviderStatus(word)

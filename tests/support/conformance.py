@@ -150,12 +150,6 @@ SCRIPTED = Adapter(
     ),
     no_url="the scripted provider makes no outbound call: no URL to refuse, no secret to send",
     hangs=lambda _: Play("hello", _scripted([["running"]], poll_delay=60)),
-    gaps={
-        "test_cancel_is_bounded_and_idempotent_on_a_live_and_a_finished_turn": (
-            "a cancel of a finished scripted turn tombstones it: its status turns from "
-            "completed to cancelled, where a real runtime keeps the turn's end"
-        )
-    },
 )
 
 

@@ -226,6 +226,35 @@ def test_cancel_is_idempotent(provider: ScriptedProvider) -> None:
     assert provider.status(_ref(request)).status is ProviderStatus.CANCELLED
 
 
+@pytest.mark.parametrize(
+    ("end", "delay"),
+    [("completed", 0), ("failed", 0), ("idle", 0), ("completed", 30)],
+)
+def test_a_cancel_that_lands_after_the_turn_ended_keeps_its_end(
+    provider: ScriptedProvider, scripted: Settings, end: str, delay: float
+) -> None:
+    request = _request(states=[["running", 40], [end]], cancel_delay=delay)
+    provider.start(request)
+    _age(scripted, request.key, 41 - delay)  # it ends 1 s before the cancel lands
+    provider.cancel(_ref(request))
+    provider.cancel(_ref(request))
+    for column in ("started_at", "cancel_requested_at"):  # the cancel has landed
+        _age(scripted, request.key, delay + 1, column=column)
+    assert provider.status(_ref(request)).status == end
+
+
+def test_a_cancel_that_lands_before_the_turn_ends_stops_it(
+    provider: ScriptedProvider, scripted: Settings
+) -> None:
+    request = _request(states=[["running", 10], ["completed"]], cancel_delay=5)
+    provider.start(request)
+    _age(scripted, request.key, 4)  # the cancel lands at 9 s, the turn would end at 10 s
+    provider.cancel(_ref(request))
+    for column in ("started_at", "cancel_requested_at"):  # both have passed
+        _age(scripted, request.key, 20, column=column)
+    assert provider.status(_ref(request)).status is ProviderStatus.CANCELLED
+
+
 def test_a_cancel_before_the_start_tombstones_the_key(provider: ScriptedProvider) -> None:
     request = _request(states=[["running", 1], ["completed"]], cancel_delay=60)
     provider.cancel(_ref(request))
