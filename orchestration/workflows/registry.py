@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from orchestration.core.errors import ValidationError
 from orchestration.core.models import WorkflowDefinition
 from orchestration.core.settings import Settings
-from orchestration.workflows import parsing
+from orchestration.workflows import parsing, schedule_rows
 
 #: The owner of the definitions an operator publishes for every owner.
 SHARED = ""
@@ -89,6 +89,8 @@ def register(
         raise ValidationError(
             "schedule", "a shared definition cannot carry a schedule; register it as an owner's"
         )
+    if not shared:
+        schedule_rows.admit(session, settings, owner, definition)
     scope = SHARED if shared else owner
     sha256 = content_hash(definition)
     for _ in range(3):
@@ -119,6 +121,8 @@ def register(
                 session.add(row)
         except IntegrityError:
             continue
+        if not shared:
+            schedule_rows.registered(session, owner, name, row.version, definition, now)
         return _of(row), True
     raise ValidationError("name", f"{name!r} is being registered concurrently; try again")
 
