@@ -17,7 +17,9 @@ the executor has no queue).
   with plain owners (one schedule each, ``every: 2``) alone, then beside one owner with
   ``--storm`` schedules ``every: 1`` (its budget, ``ORCH_MAX_SCHEDULES_PER_OWNER``, by
   default); the plain owners' fire lateness (``recorded_at - fire_at``) in each. A pass runs
-  every second, not on the fire instants, so up to a second of lateness is the loop's own.
+  every second, not on the fire instants, so up to a second of lateness is the loop's own;
+  ``recorded_at`` is the pass's instant, so a fire is later than it shows by up to the pass's
+  time (``pass_s_max``).
 """
 
 from __future__ import annotations
