@@ -10,7 +10,7 @@ from typing import Any
 
 from orchestration.core.followups import Done, Transact
 from orchestration.core.settings import Settings
-from orchestration.upkeep import schedules
+from orchestration.upkeep import schedule_controls
 from orchestration.workflows import registry
 
 
@@ -32,9 +32,9 @@ class RegisteredWorkflows:
     def schedules(self, *, owner: str) -> list[dict[str, Any]]:
         """The owner's schedules by name: the next fire times (none while paused: a paused
         schedule fires nothing), the pause, and the latest fires with the runs they made
-        (datetimes as ISO text; see :func:`schedules.listing`)."""
+        (datetimes as ISO text; see :func:`schedule_controls.listing`)."""
         now = self.clock()
-        found = self.transact(lambda session: Done(schedules.listing(session, owner, now)))
+        found = self.transact(lambda session: Done(schedule_controls.listing(session, owner, now)))
         return [{**one, "next_fires": []} if one["paused"] else one for one in found]
 
     def register_workflow(
@@ -54,9 +54,11 @@ class RegisteredWorkflows:
         whether it was running. Raises :class:`ValidationError` (field ``name``) when the
         owner has no such schedule, another owner's included."""
         now = self.clock()
-        return self.transact(lambda session: Done(schedules.pause(session, owner, name, now)))
+        return self.transact(
+            lambda session: Done(schedule_controls.pause(session, owner, name, now))
+        )
 
     def resume_schedule(self, name: str, *, owner: str) -> bool:
         """Resume it; whether it was paused. The fires missed meanwhile follow the catch-up
         rules at the next pass. Raises :class:`ValidationError` as :meth:`pause_schedule`."""
-        return self.transact(lambda session: Done(schedules.resume(session, owner, name)))
+        return self.transact(lambda session: Done(schedule_controls.resume(session, owner, name)))

@@ -16,9 +16,13 @@ from orchestration.runtime.celery_config import (
 from orchestration.upkeep import retention, schedules
 from orchestration.upkeep.sweeper import Sweeper
 from tasks.celery_app import app, executor, settings
-from tasks.limits import sweep_limits
+from tasks.limits import DATABASE_WAIT, sweep_limits
 
 _SOFT, _HARD = sweep_limits(settings)
+#: A pass starts no work past this many seconds: what is left goes to the next pass, and the
+#: last fire or action (its launch checks and a database wait) still ends before the soft
+#: limit, so a pass is never killed midway with owners that sort late left out.
+_BUDGET = _SOFT - settings.launch_check_seconds - DATABASE_WAIT
 
 
 @app.task(
@@ -26,7 +30,7 @@ _SOFT, _HARD = sweep_limits(settings)
 )
 def sweep() -> dict[str, Any]:
     """One sweeper pass; returns its report (shown in Flower)."""
-    return Sweeper(settings, executor).sweep()
+    return Sweeper(settings, executor, budget=_BUDGET).sweep()
 
 
 @app.task(
@@ -36,9 +40,10 @@ def sweep() -> dict[str, Any]:
     soft_time_limit=_SOFT,
     time_limit=_HARD,
 )
-def fire_schedules() -> dict[str, int]:
-    """One pass of the workflow schedules: every due fire launched (or skipped) once."""
-    return schedules.fire(executor, settings, utcnow())
+def fire_schedules() -> dict[str, Any]:
+    """One pass of the workflow schedules: each owner's share of the due fires, round robin,
+    each launched (or skipped) once."""
+    return schedules.fire(executor, settings, utcnow(), budget=_BUDGET)
 
 
 @app.task(

@@ -573,3 +573,30 @@ class Agent(Base):
     pin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ScheduleEntry(Base):
+    """A registered schedule: the latest version of an owner's definition that carries one,
+    and the instant of its next fire (``NULL`` while paused). The beat's pass selects the due
+    ones by that column instead of reading every definition; a fire moves it on."""
+
+    __tablename__ = "schedules"
+    __table_args__ = (Index("ix_schedules_next_fire", "next_fire_at"),)
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    next_fire_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class StopSlot(Base):
+    """One of an owner's ``ORCH_STOP_TURNS_PER_OWNER`` slots for a provider cancel in flight:
+    the slot number is part of the key, so an owner never holds more than that many."""
+
+    __tablename__ = "stop_slots"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64))
+    step_index: Mapped[int] = mapped_column(Integer)
+    taken_at: Mapped[datetime] = mapped_column(UTCDateTime())

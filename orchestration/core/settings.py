@@ -225,6 +225,18 @@ class Settings(TenantLimits):
     #: registry (``orchestration agents``) is then the only way a tenant reaches a host.
     allow_raw_urls: bool = False
 
+    # Shared loops (issue 30): each owner's share of a pass, taken round robin across owners.
+    #: Most schedules one owner may register (refused at registration).
+    max_schedules_per_owner: int = Field(100, ge=1, le=100_000)
+    #: Most fires of one owner's schedules in one pass of the beat; the rest fire next pass.
+    schedule_fires_per_owner: int = Field(10, ge=1, le=10_000)
+    #: Most fires in one pass of the beat, all owners together.
+    schedule_fires_per_pass: int = Field(500, ge=1, le=100_000)
+    #: Most sweeper actions on one owner's runs in one pass; the rest are acted on next pass.
+    sweep_actions_per_owner: int = Field(50, ge=1, le=100_000)
+    #: Most provider cancels (``stop_turn`` tasks) of one owner's turns in flight at once.
+    stop_turns_per_owner: int = Field(4, ge=1, le=1000)
+
     @field_validator("otel_endpoint")
     @classmethod
     def _otel_endpoint(cls, value: str | None) -> str | None:

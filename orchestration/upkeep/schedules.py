@@ -1,55 +1,68 @@
-"""Schedules: the beat's pass that turns a definition's due fire times into launches.
+"""Schedules: the beat's pass that turns due fire times into launches.
 
 Only an owner's own definitions are scheduled, and only the latest version of each name that
-carries a ``schedule`` (a shared definition cannot carry one: it has no owner to run as). A
-pass plans, per schedule, the fire instants after its cursor (the latest recorded fire, else
-the registration of that version) up to ``now``, then carries out each fire:
+carries a ``schedule`` (a shared definition cannot carry one: it has no owner to run as). The
+``schedules`` table (:mod:`orchestration.workflows.schedule_rows`) holds each one's next fire
+instant; a pass selects the due ones in SQL and shares itself fairly (issue 30):
 
-- older than ``catchup_window``: recorded ``skipped``, not launched;
+- at most ``ORCH_SCHEDULE_FIRES_PER_OWNER`` fires an owner and ``ORCH_SCHEDULE_FIRES_PER_PASS``
+  in all, taken round robin across owners (every owner's oldest due fire, then every owner's
+  next...), and no new fire once the pass has spent its time budget;
+- what a pass leaves is still due, and the next pass takes it first (oldest first): its
+  lateness is the fire row's ``recorded_at - fire_at``, shown by ``schedules list``.
+
+Each fire:
+
+- older than ``catchup_window``: recorded ``skipped``, not launched (these are written in
+  bulk, up to :data:`MAX_SKIPS_PER_PASS` a schedule, and take no share: they launch nothing);
 - the run of an earlier fire still live: ``overlap`` decides (``skip`` records ``skipped``,
   ``enqueue`` launches, ``cancel_previous`` cancels it through the cancel path, then launches);
 - else a launch whose request id is :func:`request_id` of (owner, name, version, fire time),
   with the fire's row written in the launch's own transaction.
 
-The row's unique key (owner, name, fire time) makes every fire happen once: a second beat, a
-restarted one or a replayed tick that reaches a fire already recorded rolls its launch back.
+A fire moves the schedule's ``next_fire_at`` with a compare-and-set in its own transaction,
+and the fire row's unique key (owner, name, fire time) backs it: a second beat, a restarted
+one or a replayed tick that reaches a fire already taken rolls its launch back.
 ``now`` is a parameter: tests pass the clock.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-from collections.abc import Iterator
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestration.core.db import constant_in
-from orchestration.core.errors import OrchestrationError, ValidationError
+from orchestration.core.errors import OrchestrationError
 from orchestration.core.followups import Done, Transact
 from orchestration.core.models import (
     FireStatus,
     Run,
+    ScheduleEntry,
     ScheduleFire,
-    SchedulePause,
     WorkflowDefinition,
 )
 from orchestration.core.settings import Settings
 from orchestration.core.states import RUN_LIVE, StopReason
 from orchestration.limits import suspensions
 from orchestration.runs import cancellation, concurrency, launching
-from orchestration.workflows import registry
-from orchestration.workflows.schedules import Overlap, ScheduleSpec, fires_after
+from orchestration.workflows import schedule_rows
+from orchestration.workflows.schedules import Overlap, ScheduleSpec, next_after
 
-#: Most fires one pass carries out per schedule; a longer backlog goes on at the next pass
-#: (the cursor is the latest recorded fire), so one pass stays short.
-MAX_FIRES_PER_PASS = 100
+LOG = logging.getLogger(__name__)
+
+#: Most missed fires (older than ``catchup_window``) one pass records per schedule; a longer
+#: backlog goes on at the next pass, so one pass stays short.
+MAX_SKIPS_PER_PASS = 100
 
 
 @dataclass(frozen=True)
@@ -65,13 +78,13 @@ class Schedule:
     registered_at: datetime
 
 
-@dataclass(frozen=True)
-class Planned:
-    """A schedule as one pass found it: where its fires start, and whether it is paused."""
+@dataclass
+class Due:
+    """A due schedule as a pass took it: the instant of its next fire (``None`` once another
+    writer moved it: a second pass, a pause, a new version)."""
 
     schedule: Schedule
-    cursor: datetime
-    paused: bool
+    at: datetime | None
 
 
 class _Taken(Exception):
@@ -84,120 +97,195 @@ def request_id(owner: str, name: str, version: int, fire_at: datetime) -> str:
     return "schedule-" + hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
-def scheduled(session: Session, owner: str | None = None) -> list[Schedule]:
-    """Every schedule (of ``owner``), by owner and name."""
-    latest = (
-        select(
-            WorkflowDefinition.owner,
-            WorkflowDefinition.name,
-            func.max(WorkflowDefinition.version).label("version"),
-        )
-        .where(WorkflowDefinition.owner != registry.SHARED)
-        .group_by(WorkflowDefinition.owner, WorkflowDefinition.name)
-    )
-    if owner is not None:
-        latest = latest.where(WorkflowDefinition.owner == owner)
-    last = latest.subquery()
-    rows = session.scalars(
-        select(WorkflowDefinition)
-        .join(
-            last,
-            and_(
-                WorkflowDefinition.owner == last.c.owner,
-                WorkflowDefinition.name == last.c.name,
-                WorkflowDefinition.version == last.c.version,
-            ),
-        )
-        .order_by(WorkflowDefinition.owner, WorkflowDefinition.name)
-    )
-    return [_schedule(row) for row in rows if "schedule" in row.definition]
-
-
-def _schedule(row: WorkflowDefinition) -> Schedule:
+def schedule_of(row: WorkflowDefinition) -> Schedule:
     spec = ScheduleSpec.model_validate(row.definition["schedule"])
     return Schedule(row.owner, row.name, row.version, spec, row.definition, row.created_at)
 
 
-def plan(session: Session, owner: str | None = None) -> list[Planned]:
-    """The schedules with their cursors and pauses, read in one transaction."""
-    found = scheduled(session, owner)
-    last = func.max(ScheduleFire.fire_at)
-    cursors = {
-        (row[0], row[1]): row[2]
-        for row in session.execute(
-            select(ScheduleFire.owner, ScheduleFire.name, last).group_by(
-                ScheduleFire.owner, ScheduleFire.name
-            )
-        )
-    }
-    paused = {
-        (row[0], row[1]) for row in session.execute(select(SchedulePause.owner, SchedulePause.name))
-    }
-    return [
-        Planned(
-            one,
-            cursors.get((one.owner, one.name)) or one.registered_at,
-            (one.owner, one.name) in paused,
-        )
-        for one in found
-    ]
-
-
-def due(planned: Planned, now: datetime) -> Iterator[datetime]:
-    """The fire instants after the cursor up to ``now`` (at most a pass's worth)."""
-    times = itertools.takewhile(
-        lambda at: at <= now, fires_after(planned.schedule.spec, planned.cursor)
+def indexed(owner: str | None = None) -> Any:
+    """The ``schedules`` rows (of ``owner``) with their definitions' rows."""
+    query = select(ScheduleEntry, WorkflowDefinition).join(
+        WorkflowDefinition,
+        and_(
+            WorkflowDefinition.owner == ScheduleEntry.owner,
+            WorkflowDefinition.name == ScheduleEntry.name,
+            WorkflowDefinition.version == ScheduleEntry.version,
+        ),
     )
-    return itertools.islice(times, MAX_FIRES_PER_PASS)
+    return query if owner is None else query.where(ScheduleEntry.owner == owner)
 
 
-def fire(transact: Transact, settings: Settings, now: datetime) -> dict[str, int]:
-    """One pass: carry out every due fire of every schedule; returns counts."""
-    return carry_out(transact, settings, transact(lambda session: Done(plan(session))), now)
+def take(session: Session, settings: Settings, now: datetime) -> tuple[list[Due], int]:
+    """The due schedules a pass takes, in round-robin order (every owner's oldest due fire,
+    then every owner's second...), at most ``ORCH_SCHEDULE_FIRES_PER_OWNER`` an owner and
+    ``ORCH_SCHEDULE_FIRES_PER_PASS`` in all; and how many schedules were due. One statement
+    over the ``next_fire_at`` index: only the definitions taken are read."""
+    rank = func.row_number().over(
+        partition_by=ScheduleEntry.owner,
+        order_by=(ScheduleEntry.next_fire_at, ScheduleEntry.name),
+    )
+    ranked = (
+        select(
+            ScheduleEntry.owner,
+            ScheduleEntry.name,
+            rank.label("rank"),
+            func.count().over().label("due"),
+        )
+        .where(ScheduleEntry.next_fire_at <= now)
+        .subquery()
+    )
+    rows = session.execute(
+        indexed()
+        .join(
+            ranked,
+            and_(ranked.c.owner == ScheduleEntry.owner, ranked.c.name == ScheduleEntry.name),
+        )
+        .add_columns(ranked.c.due)
+        .where(ranked.c.rank <= settings.schedule_fires_per_owner)
+        .order_by(ranked.c.rank, ScheduleEntry.next_fire_at, ScheduleEntry.owner)
+        .limit(settings.schedule_fires_per_pass)
+    ).all()
+    taken = [Due(schedule_of(definition), entry.next_fire_at) for entry, definition, _ in rows]
+    return taken, rows[0][2] if rows else 0
+
+
+def fire(
+    transact: Transact,
+    settings: Settings,
+    now: datetime,
+    *,
+    budget: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """One pass: take the due schedules (:func:`take`) and carry out their fires; returns
+    counts. With ``budget`` (seconds), no fire starts once the pass has run that long."""
+    taken, due = transact(lambda session: Done(take(session, settings, now)))
+    return carry_out(transact, settings, taken, now, due=due, budget=budget, clock=clock)
 
 
 def carry_out(
-    transact: Transact, settings: Settings, planned: list[Planned], now: datetime
-) -> dict[str, int]:
-    """Carry out the due fires of ``planned`` (read by :func:`plan`, perhaps by a pass that
-    another one has overtaken since: the fire rows keep that harmless)."""
-    report = {"schedules": len(planned), "paused": 0, "launched": 0, "skipped": 0, "failed": 0}
+    transact: Transact,
+    settings: Settings,
+    taken: list[Due],
+    now: datetime,
+    *,
+    due: int | None = None,
+    budget: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """Carry out the fires of ``taken`` (read by :func:`take`, perhaps by a pass that another
+    one has overtaken since: the compare-and-set on ``next_fire_at`` keeps that harmless),
+    round robin: a schedule with more fires due goes back to the end of the line while its
+    owner has a share left. ``left``: schedules still due when the pass ends."""
+    started = clock()
+    report: dict[str, Any] = {
+        "due": len(taken) if due is None else due,
+        "launched": 0,
+        "skipped": 0,
+        "failed": 0,
+        "errors": 0,
+        "left": 0,
+        "late_max": 0.0,
+    }
+    shares: Counter[str] = Counter()
     held = transact(lambda session: Done(suspensions.current(session)))
-    for one in planned:
-        if one.paused:
-            report["paused"] += 1
+    line = deque(taken)
+    fired = 0
+    while line and fired < settings.schedule_fires_per_pass:
+        if budget is not None and clock() - started >= budget:
+            break
+        one = line.popleft()
+        owner = one.schedule.owner
+        if shares[owner] >= settings.schedule_fires_per_owner:
             continue
-        if (suspension := held.get(one.schedule.owner)) is not None:
-            _refuse(transact, one, suspension, now, report)
+        if (suspension := held.get(owner)) is not None:
+            report["failed"] += _refuse(transact, one, suspension, now)
             continue
-        for at in due(one, now):
+        try:
+            report["skipped"] += _skip_missed(transact, one, now)
+            if one.at is None or one.at > now:
+                continue
+            at, one.at = one.at, next_after(one.schedule.spec, one.at)
+            shares[owner] += 1
+            fired += 1
             outcome = _fire_one(transact, settings, one.schedule, at, now)
-            if outcome is not None:
-                report[outcome.value] += 1
+        except Exception:
+            LOG.exception("schedule %s of %s failed; the next pass tries it again", one, owner)
+            report["errors"] += 1
+            continue
+        if outcome is None:
+            one.at = None  # another pass took it, and goes on with this schedule
+            continue
+        report[outcome.value] += 1
+        report["late_max"] = max(report["late_max"], round((now - at).total_seconds(), 3))
+        if one.at <= now:
+            line.append(one)
+    still = sum(1 for one in taken if one.at is not None and one.at <= now)
+    report["left"] = report["due"] - len(taken) + still
     return report
 
 
-def _refuse(
-    transact: Transact,
-    planned: Planned,
-    suspension: suspensions.Suspension,
-    now: datetime,
-    report: dict[str, int],
-) -> None:
-    """Refuse the due fires of a suspended owner's schedule, launching nothing: the latest
-    is recorded ``failed`` (which moves the cursor past them all), so a pass writes one row
-    per suspended schedule however often it fires (a suspension that commits after this
-    read is refused by the launch itself)."""
-    fires = list(due(planned, now))
-    if not fires:
-        return
-    schedule, since = planned.schedule, suspension.since.isoformat(timespec="seconds")
+def _refuse(transact: Transact, one: Due, suspension: suspensions.Suspension, now: datetime) -> int:
+    """Refuse the due fires of a suspended owner's schedule, launching nothing: the latest is
+    recorded ``failed`` and the next fire moves past them all, in one transaction, so a pass
+    writes one row per suspended schedule however often it fires (a suspension that commits
+    after this pass read it is refused by the launch itself). Returns the fires refused."""
+    schedule, spec = one.schedule, one.schedule.spec
+    fires: list[datetime] = []
+    at = one.at
+    while at is not None and at <= now and len(fires) < MAX_SKIPS_PER_PASS:
+        fires.append(at)
+        at = next_after(spec, at)
+    if not fires or one.at is None or at is None:
+        return 0
+    since = suspension.since.isoformat(timespec="seconds")
     reason = f"owner suspended since {since} by {suspension.by}: {suspension.reason}"
     if len(fires) > 1:
         reason += f"; the {len(fires) - 1} due fires before this one were refused with it"
     rid = request_id(schedule.owner, schedule.name, schedule.version, fires[-1])
-    if _record(transact, schedule, fires[-1], rid, FireStatus.FAILED, now, reason=reason):
-        report["failed"] += len(fires)
+    first, then = one.at, at
+
+    def write(session: Session) -> Done[bool]:
+        if not schedule_rows.advance(
+            session, schedule.owner, schedule.name, schedule.version, first, then
+        ):
+            return Done(False)
+        session.add(_row(schedule, fires[-1], rid, FireStatus.FAILED, now, reason=reason))
+        return Done(True)
+
+    refused = transact(write)
+    one.at = None
+    return len(fires) if refused else 0
+
+
+def _skip_missed(transact: Transact, one: Due, now: datetime) -> int:
+    """Record as ``skipped`` the schedule's fires missed by more than its ``catchup_window``
+    (up to :data:`MAX_SKIPS_PER_PASS`), in one transaction; moves ``one.at`` past them."""
+    schedule, spec = one.schedule, one.schedule.spec
+
+    def missed(at: datetime | None) -> bool:
+        return at is not None and (now - at).total_seconds() > spec.catchup_window
+
+    if not missed(one.at):
+        return 0
+
+    def write(session: Session) -> Done[tuple[int, datetime | None]]:
+        count, at = 0, one.at
+        while at is not None and missed(at) and count < MAX_SKIPS_PER_PASS:
+            then = next_after(spec, at)
+            if not schedule_rows.advance(
+                session, schedule.owner, schedule.name, schedule.version, at, then
+            ):
+                return Done((count, None))
+            late = (now - at).total_seconds()
+            reason = f"missed by {late:.0f}s, over its catchup_window ({spec.catchup_window}s)"
+            rid = request_id(schedule.owner, schedule.name, schedule.version, at)
+            session.add(_row(schedule, at, rid, FireStatus.SKIPPED, now, reason=reason))
+            count, at = count + 1, then
+        return Done((count, at))
+
+    count, one.at = transact(write)
+    return count
 
 
 def _fire_one(
@@ -214,7 +302,7 @@ def _fire_one(
         reason = f"run {live[0]} of an earlier fire is live (overlap: skip)"
         return _record(transact, schedule, at, rid, FireStatus.SKIPPED, now, reason=reason)
     if live and spec.overlap is Overlap.CANCEL_PREVIOUS:
-        if transact(lambda session: Done(_recorded(session, schedule, at))):
+        if transact(lambda session: Done(_taken(session, schedule, at))):
             return None  # the pass that recorded it cancelled what it had to
         for run_id in live:
             _cancel(transact, settings, schedule, run_id, now)
@@ -277,17 +365,17 @@ def _live_before(session: Session, schedule: Schedule, at: datetime) -> list[str
     )
 
 
-def _recorded(session: Session, schedule: Schedule, at: datetime) -> bool:
-    return (
-        session.scalar(
-            select(ScheduleFire.pk).where(
-                ScheduleFire.owner == schedule.owner,
-                ScheduleFire.name == schedule.name,
-                ScheduleFire.fire_at == at,
-            )
-        )
-        is not None
-    )
+def _taken(session: Session, schedule: Schedule, at: datetime) -> bool:
+    """Whether ``at`` is no longer the schedule's next fire: another pass took it, or a pause
+    or a new version moved it."""
+    entry = session.get(ScheduleEntry, (schedule.owner, schedule.name))
+    return entry is None or entry.version != schedule.version or entry.next_fire_at != at
+
+
+def _advanced(session: Session, schedule: Schedule, at: datetime) -> bool:
+    """Take the fire at ``at``: the schedule's next fire moves past it (compare-and-set)."""
+    then = next_after(schedule.spec, at)
+    return schedule_rows.advance(session, schedule.owner, schedule.name, schedule.version, at, then)
 
 
 def _row(
@@ -308,9 +396,9 @@ def _row(
 def _claim(
     session: Session, schedule: Schedule, at: datetime, rid: str, run_id: str, now: datetime
 ) -> str:
-    """In the launch's transaction: the fire's row, unless another pass wrote it (then the
-    launch is rolled back; a concurrent insert fails the commit and the launch reads again)."""
-    if _recorded(session, schedule, at):
+    """In the launch's transaction: take the fire and write its row, unless another writer
+    took it (then the launch is rolled back)."""
+    if not _advanced(session, schedule, at):
         raise _Taken
     session.add(_row(schedule, at, rid, FireStatus.LAUNCHED, now, run_id=run_id))
     session.flush()
@@ -327,87 +415,12 @@ def _record(
     *,
     reason: str,
 ) -> FireStatus | None:
-    """A fire that launched nothing; ``None`` when another pass recorded it first."""
+    """A fire that launched nothing; ``None`` when another writer took it first."""
 
     def write(session: Session) -> Done[bool]:
-        try:
-            with session.begin_nested():
-                session.add(_row(schedule, at, rid, status, now, reason=reason[:2000]))
-        except IntegrityError:
+        if not _advanced(session, schedule, at):
             return Done(False)
+        session.add(_row(schedule, at, rid, status, now, reason=reason[:2000]))
         return Done(True)
 
     return status if transact(write) else None
-
-
-def pause(session: Session, owner: str, name: str, now: datetime) -> bool:
-    """Pause the owner's schedule ``name``; whether it was running. Raises
-    :class:`ValidationError` (field ``name``) when the owner has no such schedule."""
-    _own_schedule(session, owner, name)
-    if session.get(SchedulePause, (owner, name)) is not None:
-        return False
-    try:
-        with session.begin_nested():  # a concurrent pause got there first
-            session.add(SchedulePause(owner=owner, name=name, paused_at=now))
-    except IntegrityError:
-        return False
-    return True
-
-
-def resume(session: Session, owner: str, name: str) -> bool:
-    """Resume it; whether it was paused. The fires missed meanwhile follow the catch-up
-    rules at the next pass (inside ``catchup_window``: launched; older: skipped)."""
-    _own_schedule(session, owner, name)
-    row = session.get(SchedulePause, (owner, name))
-    if row is None:
-        return False
-    session.delete(row)
-    return True
-
-
-def _own_schedule(session: Session, owner: str, name: str) -> Schedule:
-    for one in scheduled(session, owner):
-        if one.name == name:
-            return one
-    raise ValidationError(
-        "name", f"owner {owner!r} has no registered workflow {name!r} with a schedule"
-    )
-
-
-def listing(session: Session, owner: str, now: datetime, *, last: int = 5) -> list[dict[str, Any]]:
-    """The owner's schedules: the next fire times, the pause, and the latest fires with the
-    runs they made (``schedules list``)."""
-    shown = []
-    for one in plan(session, owner):
-        schedule = one.schedule
-        fires = session.execute(
-            select(ScheduleFire, Run.status)
-            .outerjoin(Run, Run.id == ScheduleFire.run_id)
-            .where(ScheduleFire.owner == owner, ScheduleFire.name == schedule.name)
-            .order_by(ScheduleFire.fire_at.desc())
-            .limit(last)
-        ).all()
-        upcoming = itertools.islice(fires_after(schedule.spec, max(now, one.cursor)), 3)
-        pause_row = session.get(SchedulePause, (owner, schedule.name))
-        shown.append(
-            {
-                "name": schedule.name,
-                "ref": f"{schedule.name}@{schedule.version}",
-                "schedule": schedule.spec.as_dict(),
-                "paused": one.paused,
-                "paused_at": pause_row.paused_at.isoformat() if pause_row else None,
-                "next_fires": [at.isoformat() for at in upcoming],
-                "last_fires": [
-                    {
-                        "fire_at": fire.fire_at.isoformat(),
-                        "status": fire.status,
-                        "version": fire.version,
-                        "run_id": fire.run_id,
-                        "run_status": status,
-                        "reason": fire.reason,
-                    }
-                    for fire, status in fires
-                ],
-            }
-        )
-    return shown

@@ -173,3 +173,10 @@ def owner(settings: Settings, run: RunView, judged: Judged, now: datetime) -> Ru
         if rule.owns(settings, run, judged, now):
             return rule
     return None
+
+
+def acts(settings: Settings, run: RunView, judged: Judged, now: datetime) -> bool:
+    """Whether the sweeper acts on ``run`` at ``now``: its owning rule is due. Runs it
+    leaves alone take no owner's share of a pass."""
+    rule = owner(settings, run, judged, now)
+    return rule is not None and rule.due(settings, run, judged, now)

@@ -17,7 +17,11 @@ Rules, per live run, first owner decides (the table is ``sweep_rules.RULES``, wh
 7. run deadline: a backstop; past ``deadline_at`` with nothing having ended it, closed
    ``deadline_exceeded``;
 
-then it stamps its own liveness row and adds the pass's time to ``fleet_series`` (dropping
+Each owner's runs take at most ``ORCH_SWEEP_ACTIONS_PER_OWNER`` actions a pass, in rounds
+across owners (``shares.round_robin``; each owner's least recently touched runs first), and
+no action starts once the pass has run its ``budget``: the rest waits for the next pass
+(``deferred``), so one owner's backlog cannot crowd out another's runs. Then it stamps its
+own liveness row and adds the pass's time to ``fleet_series`` (dropping
 what is older than the fleet page shows). Before the rules, a live branch run whose parent has
 ended (its parent's hand-off was lost) is ended ``cancelled`` (``parent_ended``).
 """
@@ -38,7 +42,7 @@ from orchestration.core import deadlines, health
 from orchestration.core.db import constant_in, utcnow
 from orchestration.core.errors import IllegalTransition
 from orchestration.core.followups import Done, Followups, Transact
-from orchestration.core.models import Run, Step, SweeperBeat
+from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import (
     RUN_LIVE,
@@ -53,7 +57,7 @@ from orchestration.execution import approving, branching
 from orchestration.observability import context, tracing
 from orchestration.runs import cancellation, chains, closing, concurrency
 from orchestration.runs.transitions import lock_run, touch_run, transition_run, transition_step
-from orchestration.upkeep import fleet_series, sweep_rules
+from orchestration.upkeep import shares, sweep_rules, sweeper_beat
 
 LOG = logging.getLogger(__name__)
 SWEEPER_NAME = "default"
@@ -68,10 +72,13 @@ class Sweeper:
         transact: Transact,
         *,
         clock: Callable[[], datetime] = utcnow,
+        budget: float | None = None,
     ) -> None:
         self.settings = settings
         self.transact = transact
         self.clock = clock
+        #: Seconds after which a pass starts no more actions (``None``: no bound).
+        self.budget = budget
         #: How long a sweeper write waits on a locked row before it skips that run for this
         #: pass (PostgreSQL): a worker frozen mid-transaction must not hold up every run.
         self.lock_timeout = min(2.0, settings.sweep_interval)
@@ -100,13 +107,28 @@ class Sweeper:
             "deadlines_exceeded": 0,
             "busy": 0,
             "errors": 0,
+            "deferred": 0,
         }
         live = self.transact(lambda session: _live_runs(session, self.settings, at))
         report["live"] = len(live)
         ids = {run.id for run, _ in live}
-        for run, judged in live:
+        acting = sorted(
+            (
+                one
+                for one in live
+                if _orphan(one[0], ids) or sweep_rules.acts(self.settings, *one, at)
+            ),
+            key=lambda one: one[0].updated_at,
+        )
+        taken, report["deferred"] = shares.round_robin(
+            acting, lambda one: one[0].owner, self.settings.sweep_actions_per_owner
+        )
+        for done, (run, judged) in enumerate(taken):
+            if self.budget is not None and time.perf_counter() - started >= self.budget:
+                report["deferred"] += len(taken) - done
+                break
             try:
-                if run.parent_run_id is not None and run.parent_run_id not in ids:
+                if _orphan(run, ids):
                     action = self._branch_ended(run, now or self.clock())
                 else:
                     action = self._one(run, judged, now or self.clock())
@@ -347,40 +369,14 @@ class Sweeper:
 
     def _write_stamp(self, now: datetime, report: dict[str, Any]) -> None:
         self.transact(
-            lambda session: _write_beat(session, now, report), lock_timeout=self.lock_timeout
+            lambda session: sweeper_beat.write(session, SWEEPER_NAME, now, report),
+            lock_timeout=self.lock_timeout,
         )
 
 
-def _write_beat(session: Session, now: datetime, report: dict[str, Any]) -> Done[None]:
-    beat = session.get(SweeperBeat, SWEEPER_NAME, with_for_update=True)
-    if beat is None:
-        session.add(
-            SweeperBeat(
-                name=SWEEPER_NAME,
-                last_pass_at=now,
-                passes=1,
-                last_pass_seconds=report["seconds"],
-                last_report=report,
-            )
-        )
-    else:
-        beat.last_pass_at = max(beat.last_pass_at, now)
-        beat.passes += 1
-        beat.last_pass_seconds = report["seconds"]
-        beat.last_report = report
-    fleet_series.record(
-        session,
-        fleet_series.Series.SWEEP_SECONDS,
-        SWEEPER_NAME,
-        now,
-        fleet_series.Summary.of([report["seconds"]]),
-    )
-    fleet_series.forget(session, now)
-    return Done(None)
-
-
-def _past_deadline(run: Run, now: datetime) -> bool:
-    return run.deadline_at is not None and now > run.deadline_at
+def _orphan(run: Run, live: set[str]) -> bool:
+    """A live branch run whose parent is no longer live: its parent's hand-off was lost."""
+    return run.parent_run_id is not None and run.parent_run_id not in live
 
 
 def _live_runs(

@@ -24,7 +24,7 @@ from orchestration.core.errors import ValidationError
 from orchestration.core.models import WorkflowDefinition
 from orchestration.core.settings import Settings
 from orchestration.limits import suspensions
-from orchestration.workflows import agents, parsing
+from orchestration.workflows import agents, parsing, schedule_rows
 
 #: The owner of the definitions an operator publishes for every owner.
 SHARED = ""
@@ -93,6 +93,8 @@ def register(
         raise ValidationError(
             "schedule", "a shared definition cannot carry a schedule; register it as an owner's"
         )
+    if not shared:
+        schedule_rows.admit(session, settings, owner, definition)
     scope = SHARED if shared else owner
     sha256 = content_hash(definition)
     for _ in range(3):
@@ -123,6 +125,8 @@ def register(
                 session.add(row)
         except IntegrityError:
             continue
+        if not shared:
+            schedule_rows.registered(session, owner, name, row.version, definition, now)
         return _of(row), True
     raise ValidationError("name", f"{name!r} is being registered concurrently; try again")
 

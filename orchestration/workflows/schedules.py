@@ -9,6 +9,7 @@ with no I/O, from a start instant: :func:`fires_after`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -18,9 +19,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from orchestration.core.errors import ValidationError
+from orchestration.core.settings import Settings
+
 #: The longest catch-up window (seven days): older missed fires are recorded as skipped.
 MAX_CATCHUP_WINDOW = 7 * 86400
-#: The shortest ``every`` (seconds): the beat's pass interval bounds it anyway.
+#: The shortest ``every`` (seconds) the model takes; registration also refuses one shorter
+#: than ``ORCH_SCHEDULE_INTERVAL`` (:func:`check`).
 MIN_EVERY = 1
 MAX_EVERY = 366 * 86400
 
@@ -82,6 +87,24 @@ class ScheduleSpec(BaseModel):
         """The stored form: the unused one of ``cron`` / ``every`` is left out."""
         data = self.model_dump(mode="json")
         return {key: value for key, value in data.items() if value is not None}
+
+
+def check(spec: ScheduleSpec, settings: Settings) -> None:
+    """Refuse, naming the field and the setting, an ``every`` shorter than the beat's pass
+    interval: it could only fire in bursts, late, and one owner's storm of them would take
+    every pass (issue 30)."""
+    if spec.every is not None and spec.every < settings.schedule_interval:
+        raise ValidationError(
+            "schedule.every",
+            f"{spec.every}s is shorter than ORCH_SCHEDULE_INTERVAL "
+            f"({settings.schedule_interval:g}s), how often the beat fires schedules; "
+            f"use every: {math.ceil(settings.schedule_interval)} or more",
+        )
+
+
+def next_after(spec: ScheduleSpec, at: datetime) -> datetime:
+    """The schedule's first fire instant strictly after ``at``."""
+    return next(fires_after(spec, at))
 
 
 def fires_after(spec: ScheduleSpec, start: datetime) -> Iterator[datetime]:

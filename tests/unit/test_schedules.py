@@ -16,7 +16,7 @@ from orchestration.core.followups import Done
 from orchestration.core.models import Run, ScheduleFire
 from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
-from orchestration.upkeep import schedules
+from orchestration.upkeep import schedule_controls, schedules
 from orchestration.workflows import registry
 from orchestration.workflows.schedules import ScheduleSpec, next_fires
 from tests.unit.support import RecordingDispatcher, step_spec
@@ -49,7 +49,7 @@ def _register(orch: Orchestrator, data: dict[str, Any], at: datetime = T0) -> No
     )
 
 
-def _pass(orch: Orchestrator, now: datetime) -> dict[str, int]:
+def _pass(orch: Orchestrator, now: datetime) -> dict[str, Any]:
     return schedules.fire(orch.transact, orch.settings, now)
 
 
@@ -111,11 +111,11 @@ def test_each_due_fire_launches_once_with_its_derived_request_id(orch: Orchestra
     assert _fires(orch) == [(10, "launched", None), (20, "launched", None)]
 
 
-def test_two_passes_that_read_the_same_cursor_launch_each_fire_once(orch: Orchestrator) -> None:
+def test_two_passes_that_took_the_same_fires_launch_each_fire_once(orch: Orchestrator) -> None:
     _register(orch, _workflow(overlap="enqueue"))
-    first = orch.transact(lambda session: Done(schedules.plan(session)))
-    second = orch.transact(lambda session: Done(schedules.plan(session)))
     now = T0 + timedelta(seconds=35)
+    first, _ = orch.transact(lambda session: Done(schedules.take(session, orch.settings, now)))
+    second, _ = orch.transact(lambda session: Done(schedules.take(session, orch.settings, now)))
     assert schedules.carry_out(orch.transact, orch.settings, second, now)["launched"] == 3
     late = schedules.carry_out(orch.transact, orch.settings, first, now)
     assert (late["launched"], late["skipped"]) == (0, 0)
@@ -172,16 +172,12 @@ def test_overlap_cancel_previous_cancels_the_live_run_then_launches(orch: Orches
 
 def test_a_paused_schedule_records_nothing_and_resume_catches_up(orch: Orchestrator) -> None:
     _register(orch, _workflow(overlap="enqueue", catchup_window=15))
-    assert orch.transact(lambda session: Done(schedules.pause(session, OWNER, "nightly", T0)))
-    assert _pass(orch, T0 + timedelta(seconds=40)) == {
-        "schedules": 1,
-        "paused": 1,
-        "launched": 0,
-        "skipped": 0,
-        "failed": 0,
-    }
+    assert orch.transact(
+        lambda session: Done(schedule_controls.pause(session, OWNER, "nightly", T0))
+    )
+    assert _pass(orch, T0 + timedelta(seconds=40))["due"] == 0
     assert _fires(orch) == []
-    assert orch.transact(lambda session: Done(schedules.resume(session, OWNER, "nightly")))
+    assert orch.transact(lambda session: Done(schedule_controls.resume(session, OWNER, "nightly")))
     _pass(orch, T0 + timedelta(seconds=40))
     assert _fires(orch) == [
         (10, "skipped", "missed"),
@@ -190,7 +186,7 @@ def test_a_paused_schedule_records_nothing_and_resume_catches_up(orch: Orchestra
         (40, "launched", None),
     ]
     with pytest.raises(ValidationError) as refused:
-        orch.transact(lambda session: Done(schedules.pause(session, OWNER, "other", T0)))
+        orch.transact(lambda session: Done(schedule_controls.pause(session, OWNER, "other", T0)))
     assert refused.value.field == "name"
 
 
@@ -198,7 +194,7 @@ def test_the_listing_shows_next_fires_pause_and_the_runs_fires_made(orch: Orches
     _register(orch, _workflow(overlap="enqueue"))
     _pass(orch, T0 + timedelta(seconds=10))
     now = T0 + timedelta(seconds=12)
-    (shown,) = orch.transact(lambda session: Done(schedules.listing(session, OWNER, now)))
+    (shown,) = orch.transact(lambda session: Done(schedule_controls.listing(session, OWNER, now)))
     (run,) = _runs(orch)
     assert shown["ref"] == "nightly@1" and shown["paused"] is False
     assert shown["next_fires"][:2] == [(T0 + timedelta(seconds=s)).isoformat() for s in (20, 30)]
@@ -266,7 +262,7 @@ def test_a_workflow_without_a_schedule_keeps_its_stored_form(orch: Orchestrator)
 def test_only_the_latest_version_is_scheduled(orch: Orchestrator) -> None:
     _register(orch, _workflow(overlap="enqueue"))
     _register(orch, {"name": "nightly", "steps": [step_spec()]}, T0 + timedelta(seconds=5))
-    assert _pass(orch, T0 + timedelta(seconds=30))["schedules"] == 0
+    assert _pass(orch, T0 + timedelta(seconds=30))["due"] == 0
     assert _fires(orch) == []
 
 

@@ -379,3 +379,36 @@ def _stop_was_handed_off(settings: Settings, dispatcher: Any, run_id: str, now: 
     assert turns.attempt(Executor(settings, None), settings, run_id, 0, now) is None
     [turn] = ScriptedProvider(settings).turns(f"{run_id}:")
     assert turn["cancel_requested_at"] is not None
+
+
+# -- each owner's share of a pass (issue 30) -----------------------------------------------
+
+
+def test_one_owners_backlog_takes_its_share_and_another_owners_run_is_swept_first_pass(
+    settings_factory: Callable[..., Settings], dispatcher: RecordingDispatcher
+) -> None:
+    settings = settings_factory(sweep_actions_per_owner=5)
+    backlog = [launch(settings, owner="busy", now=T0) for _ in range(23)]
+    plain = launch(settings, owner="plain", now=T0 + s(0.5))  # touched last, read last
+    sweeper = Sweeper(settings, Executor(settings, dispatcher))
+    now = _dead(settings, T0 + s(0.5))
+
+    first = sweeper.sweep(now)
+    assert (first["rearmed"], first["deferred"]) == (6, 18)
+    assert run_row(settings, plain).rearms == 1
+    assert sum(run_row(settings, run_id).rearms for run_id in backlog) == 5
+
+    passes = [sweeper.sweep(now)["rearmed"] for _ in range(4)]
+    assert passes == [5, 5, 5, 3]  # the backlog goes on, a share a pass, until it is done
+    assert {run_row(settings, run_id).rearms for run_id in backlog} == {1}
+
+
+def test_a_pass_past_its_budget_defers_the_rest(
+    settings: Settings, dispatcher: RecordingDispatcher
+) -> None:
+    for owner in ("a", "b"):
+        launch(settings, owner=owner, now=T0)
+    report = Sweeper(settings, Executor(settings, dispatcher), budget=0.0).sweep(
+        _dead(settings, T0)
+    )
+    assert (report["rearmed"], report["deferred"]) == (0, 2)
