@@ -1,4 +1,5 @@
-"""The Python API for web apps: launch, get, list, cancel, answer, explain, schedules; owner-scoped.
+"""The Python API for web apps: launch, get, list, cancel, answer, explain, delete, schedules;
+owner-scoped.
 
     from orchestration.service import Orchestrator
     orch = Orchestrator.from_env()
@@ -11,30 +12,29 @@ Every call takes the owner; another owner's run is reported as not found (invari
 from __future__ import annotations
 
 import builtins
-import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestration.core import health as judgement
 from orchestration.core.db import check_ready, utcnow
-from orchestration.core.errors import BrokerUnavailable, LimitExceeded, RunNotFound, ValidationError
+from orchestration.core.errors import BrokerUnavailable, RunNotFound, ValidationError
 from orchestration.core.followups import Done
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings, get_settings
-from orchestration.core.states import RUN_TERMINAL, RunStatus, StopReason
-from orchestration.execution import approving
+from orchestration.core.states import RUN_TERMINAL, RunStatus
 from orchestration.limits import suspensions
-from orchestration.observability import context, tracing
+from orchestration.observability import tracing
 from orchestration.reads import owned, summaries
 from orchestration.reads.records import RunRecord, to_record
 from orchestration.reads.summaries import RunSummary
 from orchestration.registered import RegisteredWorkflows
-from orchestration.runs import answers, artifacts, cancellation, concurrency, launching, reruns
+from orchestration.run_actions import RunActions
+from orchestration.runs import artifacts, concurrency, launching, reruns
 from orchestration.runtime import readiness
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.executor import Executor, TaskQueue, Unsent
@@ -43,17 +43,10 @@ from orchestration.runtime.executor import Executor, TaskQueue, Unsent
 MAX_PAGE = 500
 
 
-class Cancellation(NamedTuple):
-    """What a cancel did: the run's record after it, and whether it changed anything
-    (``False``: the run had already ended; nothing was cancelled)."""
-
-    record: RunRecord
-    changed: bool
-
-
-class Orchestrator(RegisteredWorkflows):
-    """Owner-scoped operations on runs (and, from its base, on registered workflows and
-    schedules). Thread-safe; cheap to build."""
+class Orchestrator(RunActions, RegisteredWorkflows):
+    """Owner-scoped operations on runs: reads and launches here; cancel, answer, approve and
+    delete from :class:`RunActions`; registered workflows and schedules from
+    :class:`RegisteredWorkflows`. Thread-safe; cheap to build."""
 
     transact: Executor
 
@@ -84,7 +77,7 @@ class Orchestrator(RegisteredWorkflows):
     # -- reads -----------------------------------------------------------------------------
     def get(self, run_id: str, *, owner: str) -> RunRecord:
         """The run record. Raises :class:`RunNotFound` (also for another owner's run)."""
-        return self.transact(lambda session: Done(self._read(session, run_id, owner)))
+        return self._record(run_id, owner)
 
     def list(
         self,
@@ -273,100 +266,6 @@ class Orchestrator(RegisteredWorkflows):
 
         return self.transact(read)
 
-    def cancel(
-        self, run_id: str, *, owner: str, graceful: bool = False, by: str | None = None
-    ) -> RunRecord:
-        """Cancel the run. Returns the terminal ``cancelled`` record (or the run unchanged if it
-        had already ended). With ``graceful``, only the request is recorded: the step honours
-        it at its next execution, and the sweeper enforces it after ``ORCH_CANCEL_GRACE``.
-        ``by`` names who asked in the journal (default: the owner)."""
-        return self.cancel_run(run_id, owner=owner, graceful=graceful, by=by).record
-
-    def cancel_run(
-        self, run_id: str, *, owner: str, graceful: bool = False, by: str | None = None
-    ) -> Cancellation:
-        """:meth:`cancel`, saying also whether it changed anything (``False``: the run had
-        already ended, and nothing was cancelled)."""
-        self.transact(lambda session: Done(owned.owned(session, run_id, owner)))
-        with context.acting(run_id, "run.cancel", owner=owner, graceful=graceful):
-            requested = cancellation.request(
-                self.transact,
-                self.settings,
-                run_id,
-                now=self.clock(),
-                by=by or f"owner {owner}",
-                stop=not graceful,
-            )
-            if requested is not None and not graceful:
-                cancellation.finish(
-                    self.transact,
-                    self.settings,
-                    run_id,
-                    now=self.clock(),
-                    stop_reason=StopReason.CANCEL_REQUESTED,
-                    cause=f"cancelled by {by}" if by else "cancelled by the caller",
-                    revoke=True,
-                    live=requested.live,
-                )
-        return Cancellation(self.get(run_id, owner=owner), changed=requested is not None)
-
-    def answer(self, run_id: str, step_id: str, value: Any, *, owner: str) -> RunRecord:
-        """Resume a ``human`` park: the step starts a new attempt with ``value`` as the answer.
-
-        Raises :class:`ConflictError` when the run is not parked for a human at that step.
-        """
-        try:
-            encoded = json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise ValidationError("value", f"must be plain JSON: {exc}") from None
-        if len(encoded) > self.settings.max_args_bytes:
-            raise LimitExceeded(
-                "value",
-                f"{len(encoded)} bytes is over ORCH_MAX_ARGS_BYTES "
-                f"({self.settings.max_args_bytes})",
-            )
-        now = self.clock()
-        self.transact(
-            lambda session: answers.resume(
-                session, self.settings, owned.owned(session, run_id, owner), step_id, value, now
-            )
-        )
-        return self.get(run_id, owner=owner)
-
-    def approve(
-        self,
-        run_id: str,
-        step_id: str,
-        *,
-        owner: str,
-        approve: bool = True,
-        comment: str | None = None,
-    ) -> RunRecord:
-        """Decide the approval step ``step_id``: approved, the run moves on; rejected, it ends
-        ``failed`` (``approval_rejected``). Raises :class:`ConflictError` when the run is not
-        waiting for that decision (decided already, expired, cancelled, or another step)."""
-        limit = approving.MAX_COMMENT_CHARS
-        if comment is not None and (not isinstance(comment, str) or len(comment) > limit):
-            raise ValidationError("comment", f"must be text of at most {limit} characters")
-        now = self.clock()
-
-        def decide(session: Session) -> Done[None]:
-            owned.owned(session, run_id, owner)
-            then = approving.decide(
-                session,
-                self.settings,
-                run_id,
-                step_id,
-                approve=approve,
-                comment=comment,
-                by=owner,
-                now=now,
-            )
-            return Done(None, then)
-
-        self.transact(decide)
-        return self.get(run_id, owner=owner)
-
     # -- helpers ---------------------------------------------------------------------------
     def _launched(self, session: Session, written: launching.Written) -> RunRecord:
         """The record of the run a launch found (read) or wrote (from the rows it wrote)."""
@@ -375,11 +274,6 @@ class Orchestrator(RegisteredWorkflows):
             return owned.record(session, self.settings, written.run, now)
         assert written.health is not None
         return to_record(self.settings, written.run, written.steps, now, health=written.health)
-
-    def _read(self, session: Session, run_id: str, owner: str) -> RunRecord:
-        """The record of the owner's run now. Raises :class:`RunNotFound`."""
-        run = owned.owned(session, run_id, owner)
-        return owned.record(session, self.settings, run, self.clock())
 
 
 def _sent(record: RunRecord, unsent: builtins.list[Unsent]) -> RunRecord:

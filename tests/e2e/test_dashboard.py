@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from orchestration.core.db import session_scope, utcnow
-from orchestration.core.errors import ValidationError
+from orchestration.core.errors import RunNotFound, ValidationError
 from orchestration.core.followups import Done
 from orchestration.reads import fleet
 from orchestration.runtime.processes import ManagedProcess
@@ -1011,3 +1011,56 @@ def test_owner_written_text_is_inert_on_every_page(
             assert "&lt;img src=x onerror=" in reply.text, reply.text
             assert "<img" not in reply.text
     orch.cancel(asking.id, owner=owner)
+
+
+def test_the_delete_button_deletes_an_ended_run_and_says_so_on_the_run_list(
+    api: ApiServer,
+    browser: Browser,
+    worker: ManagedProcess,
+    stack: Stack,
+    orch: Orchestrator,
+    owner: str,
+) -> None:
+    token = make_token(stack, owner, "browser")
+    done = orch.launch(_two_steps([["completed"]]), owner=owner)
+    kept = orch.launch(scripted([["failed"]], name="kept"), owner=owner)
+    live = orch.launch(scripted([["running"]]), owner=owner)
+    for run_id, status in ((done.id, "completed"), (kept.id, "failed"), (live.id, "running")):
+        wait_for(lambda: orch.get(run_id, owner=owner).status == status, 20, what=status)  # noqa: B023
+    _sign_in(browser, api, token)
+
+    browser.open(f"{api.url}/dashboard/runs/{live.id}")
+    assert browser.evaluate("document.getElementById('delete')") is None  # not for a live run
+    browser.open(f"{api.url}/dashboard/runs/{done.id}")
+    browser.mark()
+    browser.click("#delete")
+    browser.loaded()
+    assert (
+        browser.evaluate("location.pathname + location.search") == f"/dashboard?deleted={done.id}"
+    )
+    notice = browser.evaluate("document.getElementById('deleted-notice').innerText")
+    assert notice.startswith(f"Deleted run {done.id} with its branch runs")
+    assert set(_rows(browser)) == {kept.id, live.id}
+    browser.screenshot("dashboard-run-deleted.png")
+    with pytest.raises(RunNotFound):
+        orch.get(done.id, owner=owner)
+
+    # A page left open on a run deleted meanwhile: the click says the run is gone.
+    browser.open(f"{api.url}/dashboard/runs/{kept.id}")
+    orch.delete(kept.id, owner=owner)
+    browser.mark()
+    browser.click("#delete")
+    browser.loaded()
+    assert "Not found" in browser.evaluate("document.body.innerText")
+
+    # Plain HTTP: a live run is refused with what to do; a forged form changes nothing.
+    with httpx.Client(base_url=api.url, cookies={"orch_token": token}) as client:
+        page = client.get(f"/dashboard/runs/{live.id}").text
+        csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        refused = client.post(f"/dashboard/runs/{live.id}/delete", data={"csrf": csrf})
+        assert refused.status_code == 409 and "only an ended run can be deleted" in refused.text
+        forged = client.post(f"/dashboard/runs/{live.id}/delete", data={"csrf": "guess"})
+        assert forged.status_code == 403
+    orch.cancel(live.id, owner=owner)
+    deleted = orch.delete(live.id, owner=owner)
+    assert (deleted.status, deleted.by) == ("cancelled", "python")

@@ -5,6 +5,7 @@ Nothing here starts a service: every database is a SQLite file in the test's ``t
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -310,11 +311,19 @@ def drive(
 
 
 def cli(
-    settings: Settings, owner: str | None = None, cwd: Path | None = None
+    settings: Settings,
+    owner: str | None = None,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Callable[..., subprocess.CompletedProcess[str]]:
     """``orchestration ARGV`` in a fresh process on the test's database (and scripted
-    provider), as ``owner``: the installed command a user types, not a function call."""
-    env = {"ORCH_DATABASE_URL": settings.database_url, "PATH": "/usr/bin:/bin"}
+    provider), as ``owner``, with ``env`` added (more ``ORCH_`` settings): the installed
+    command a user types, not a function call. The caller's ``PYTHONPATH`` is passed on, so a
+    checkout that is not the installed one (a git worktree) runs its own code, not the
+    installed package's."""
+    env = {**(env or {}), "ORCH_DATABASE_URL": settings.database_url, "PATH": "/usr/bin:/bin"}
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     if settings.scripted_url:
         env["ORCH_SCRIPTED_URL"] = settings.scripted_url
     if owner is not None:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +33,7 @@ from orchestration.runs import artifacts, deletion
 from orchestration.surfaces.api import tokens
 from orchestration.surfaces.api.app import create_app
 from orchestration.upkeep import retention
-from tests.unit.support import force, force_step, insert_run, snapshot
+from tests.unit.support import cli, force, force_step, insert_run, snapshot
 from tests.unit.test_artifacts import BIG, INLINE, _flow
 from tests.unit.test_branches import OWNER, World, _research
 
@@ -298,28 +295,11 @@ def test_the_api_deletes_refuses_with_409_and_404_and_operators_read_the_audit(
     assert operator.get("/operator/deletions", params={"owner": "x"}).json() == []
 
 
-def _cli(settings: Settings) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """``orchestration ARGV`` in a fresh process on the test's database as :data:`OWNER`, on
-    the code under test (``PYTHONPATH`` passed on, for a checkout that is not installed)."""
-    env = {
-        "ORCH_DATABASE_URL": settings.database_url,
-        "ORCH_OWNER": OWNER,
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-    }
-    command = str(Path(sys.executable).with_name("orchestration"))
-
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([command, *argv], env=env, capture_output=True, text=True)
-
-    return run
-
-
 def test_the_cli_deletes_and_lists_deletions(world: World) -> None:
     run_id = world.launch(_research(), {"topics": ["a"]})
     world.pump()
     live = insert_run(world.settings, "running", now=world.clock.now, owner=OWNER)
-    run = _cli(world.settings)
+    run = cli(world.settings, OWNER)
     refused = run("delete", live)
     assert refused.returncode == 2
     assert f"run {live} is running: only an ended run can be deleted" in refused.stderr

@@ -32,6 +32,7 @@ OUTER = (
     "orchestration.surfaces",
     "orchestration.service",
     "orchestration.registered",
+    "orchestration.run_actions",
 )
 #: The domain's folders, in the order they may depend on each other: each imports only from
 #: the ones before it (docs/architecture.md draws them).

@@ -6,9 +6,6 @@ live runs through the cancel path; ``resume`` lifts it; both are audited."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +32,7 @@ from tests.unit.support import (
     T0,
     Clock,
     RecordingDispatcher,
+    cli,
     counts,
     drive,
     launch,
@@ -229,20 +227,8 @@ def test_cancel_live_cancels_every_live_run_in_batches_naming_the_suspension(
     ]
 
 
-def _cli(settings: Settings, owner: str | None = None) -> Any:
-    """``orchestration ARGV`` in a fresh process, as :func:`tests.unit.support.cli`, on this
-    checkout's package (``PYTHONPATH`` passed on when set)."""
-    env = {"ORCH_DATABASE_URL": settings.database_url, "PATH": "/usr/bin:/bin"}
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    if owner is not None:
-        env["ORCH_OWNER"] = owner
-    command = str(Path(sys.executable).with_name("orchestration"))
-    return lambda *argv: subprocess.run([command, *argv], env=env, capture_output=True, text=True)
-
-
 def test_the_cli_suspends_lists_and_resumes_an_owner(settings: Settings, tmp_path: Path) -> None:
-    run = _cli(settings)
+    run = cli(settings)
     done = run("owners", "suspend", OWNER, "--reason", "abuse [/x]", "--by", "operator al")
     assert done.returncode == 0, done.stderr
     assert "suspended owner acme since" in done.stdout
@@ -251,7 +237,7 @@ def test_the_cli_suspends_lists_and_resumes_an_owner(settings: Settings, tmp_pat
     assert "acme" in listed.stdout and "abuse [/x]" in listed.stdout
     flow = tmp_path / "flow.json"
     flow.write_text(json.dumps(workflow(step_spec("a"))))
-    refused = _cli(settings, owner=OWNER)("launch", str(flow), "--json")
+    refused = cli(settings, owner=OWNER)("launch", str(flow), "--json")
     assert refused.returncode == 2
     assert json.loads(refused.stderr)["error"]["code"] == "owner_suspended"
     assert run("owners", "suspend", OWNER).stdout.startswith("already suspended")

@@ -161,10 +161,12 @@ def runs_page(
     cursor: Annotated[str | None, Query()] = None,
     refresh: Annotated[int | None, Query(ge=2, le=3600)] = None,
     owner: Annotated[str | None, Query()] = None,
+    deleted: Annotated[str | None, Query()] = None,
 ) -> Response:
     """The caller's top-level runs (an operator's: every owner's, ``owner`` filtering),
     newest first, filterable by status and health, each with its branch count; branch runs
-    are listed on their parent's page."""
+    are listed on their parent's page. ``deleted`` is the run the delete button just
+    deleted, said in a notice (only an id is shown: the link carries nothing else)."""
     signed_in = signed_in_as(request)
     if signed_in is None:
         return to_login()
@@ -204,6 +206,7 @@ def runs_page(
         error=error,
         older=older,
         refresh=refresh,
+        deleted=(deleted or "")[:64] or None,
     )
 
 
@@ -214,7 +217,8 @@ def run_page(
     refresh: Annotated[int | None, Query(ge=2, le=3600)] = None,
 ) -> Response:
     """One run: its steps, its journal as a timeline, the explanation, and a cancel button
-    (live) or a rerun form (ended other than completed)."""
+    (live) or a rerun form (ended other than completed) and a delete button (ended, top-level,
+    for its owner)."""
     signed_in = signed_in_as(request)
     if signed_in is None:
         return to_login()
@@ -261,14 +265,15 @@ async def form_of(request: Request) -> dict[str, str]:
 async def _posted(
     request: Request,
     run_id: str,
-    act: Callable[[Orchestrator, str, dict[str, str], str | None], RunRecord],
+    act: Callable[[Orchestrator, str, dict[str, str], str | None], str],
     *,
     operator_may: bool = False,
 ) -> Response:
     """A run page's form: signed in, its CSRF value checked, ``act`` run (with who acts, for
-    the journal: ``operator NAME``, or ``None`` for the owner), then the run it returns
-    shown (303, so a reload does not repost): the same run, or a new rerun. An operator may
-    only cancel (``operator_may``): approving and rerunning are the owner's."""
+    the journal: ``operator NAME``, or ``None`` for the owner), then the page it names shown
+    (303, so a reload does not repost): the same run, a new rerun, or the run list. An
+    operator may only cancel (``operator_may``): approving, rerunning and deleting are the
+    owner's."""
     signed_in = await run_in_threadpool(signed_in_as, request)
     if signed_in is None:
         return to_login()
@@ -287,17 +292,22 @@ async def _posted(
             403,
             **signed_in.page(),
             title="Refused",
-            message="an operator cancels runs; approving and rerunning are the owner's",
+            message="an operator cancels runs; approving, rerunning and deleting are the owner's",
         )
     by = f"operator {signed_in.operator}" if signed_in.operator else None
     try:
         owner = await run_in_threadpool(signed_in.owner_of, run_id)
-        record = await run_in_threadpool(act, signed_in.orch, owner, form, by)
+        shown = await run_in_threadpool(act, signed_in.orch, owner, form, by)
     except RunNotFound as exc:
         return render("error.html", 404, **signed_in.page(), title="Not found", message=str(exc))
     except (ConflictError, IdempotencyConflict, ValidationError) as exc:
         return render("error.html", 409, **signed_in.page(), title="Not done", message=str(exc))
-    return RedirectResponse(f"/dashboard/runs/{record.id}", status_code=303)
+    return RedirectResponse(shown, status_code=303)
+
+
+def page_of(record: RunRecord) -> str:
+    """The dashboard page of a run."""
+    return f"/dashboard/runs/{record.id}"
 
 
 @router.post("/runs/{run_id}/cancel")
@@ -306,8 +316,8 @@ async def cancel_run(request: Request, run_id: str) -> Response:
     return await _posted(
         request,
         run_id,
-        lambda orch, owner, form, by: orch.cancel(
-            run_id, owner=owner, graceful=form.get("graceful") == "true", by=by
+        lambda orch, owner, form, by: page_of(
+            orch.cancel(run_id, owner=owner, graceful=form.get("graceful") == "true", by=by)
         ),
         operator_may=True,
     )
@@ -319,12 +329,14 @@ async def decide_approval(request: Request, run_id: str, step_id: str) -> Respon
     return await _posted(
         request,
         run_id,
-        lambda orch, owner, form, _: orch.approve(
-            run_id,
-            step_id,
-            owner=owner,
-            approve=form.get("decision") == "approve",
-            comment=(form.get("comment") or "").strip()[: approving.MAX_COMMENT_CHARS] or None,
+        lambda orch, owner, form, _: page_of(
+            orch.approve(
+                run_id,
+                step_id,
+                owner=owner,
+                approve=form.get("decision") == "approve",
+                comment=(form.get("comment") or "").strip()[: approving.MAX_COMMENT_CHARS] or None,
+            )
         ),
     )
 
@@ -335,10 +347,27 @@ async def rerun_run(request: Request, run_id: str) -> Response:
     return await _posted(
         request,
         run_id,
-        lambda orch, owner, form, _: orch.rerun(
-            run_id,
-            owner=owner,
-            from_step=form.get("from_step") or None,
-            request_id=form.get("request_id") or None,
+        lambda orch, owner, form, _: page_of(
+            orch.rerun(
+                run_id,
+                owner=owner,
+                from_step=form.get("from_step") or None,
+                request_id=form.get("request_id") or None,
+            )
+        ),
+    )
+
+
+@router.post("/runs/{run_id}/delete")
+async def delete_run(request: Request, run_id: str) -> Response:
+    """The delete button of an ended run: the same domain call as ``DELETE /runs/{id}``, then
+    the run list saying what went. A live run or one still cleaning up is refused (409, the
+    message saying why and what to do)."""
+    return await _posted(
+        request,
+        run_id,
+        lambda orch, owner, form, _: (
+            "/dashboard?"
+            + urlencode({"deleted": orch.delete(run_id, owner=owner, by="dashboard").run_id})
         ),
     )
