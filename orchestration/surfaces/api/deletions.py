@@ -33,7 +33,10 @@ class DeletionRecord(BaseModel):
     workflow: str = Field(description="`name@version` of a registered definition, else the name.")
     status: str = Field(description="The status the run had ended in.")
     deleted_at: datetime
-    by: str = Field(description="Through what its owner deleted it: `api` or `cli (user)`.")
+    by: str = Field(
+        description="Through what its owner deleted it: `api`, `cli (user)`, `dashboard` or "
+        "`python`."
+    )
     branch_runs: int = Field(description="Branch runs deleted with it.")
 
 
