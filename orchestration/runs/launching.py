@@ -232,8 +232,7 @@ def _write(
     if found is not None:
         return Done(_replay(session, request, found, fingerprinted, read))
     if refused is not None:
-        count = dict(zip((budget.name for budget in admission.BUDGETS), counted, strict=True))
-        raise admission.error(refused, owner, count[refused], settings)
+        raise admission.error(refused, owner, counted)
     then = Followups()
     decision = None
     if request.concurrency_key is not None:
