@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from orchestration.core.errors import ValidationError
 from orchestration.core.models import WorkflowDefinition
 from orchestration.core.settings import Settings
+from orchestration.limits import admission
 from orchestration.workflows import parsing
 
 #: The owner of the definitions an operator publishes for every owner.
@@ -77,7 +78,9 @@ def register(
 ) -> tuple[Definition, bool]:
     """Validate ``data`` and store it as the next version of its name (``shared``: for every
     owner); the stored version and whether it is new. Raises :class:`ValidationError`
-    naming the field for a bad definition, or a name that cannot be referred to."""
+    naming the field for a bad definition, or a name that cannot be referred to, and
+    :class:`LimitExceeded` for a new version past the owner's
+    ``ORCH_MAX_DEFINITIONS_PER_OWNER`` (every version counts: each is a stored program)."""
     definition = parsing.parse(data, settings).as_dict()
     name = definition["name"]
     if not REFERENCE.fullmatch(name) or "@" in name:
@@ -101,6 +104,8 @@ def register(
         ).first()
         if same is not None:
             return _of(same), False
+        if not shared:
+            admission.check(session, settings, owner, (admission.DEFINITIONS,))
         latest = session.scalar(
             select(func.max(WorkflowDefinition.version)).where(
                 WorkflowDefinition.owner == scope, WorkflowDefinition.name == name

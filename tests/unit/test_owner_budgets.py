@@ -10,8 +10,9 @@ import pytest
 
 from orchestration.core.errors import LimitExceeded
 from orchestration.core.settings import Settings
-from tests.unit.support import launch, step_spec, workflow
-from tests.unit.test_branches import World, _research
+from orchestration.service import Orchestrator
+from tests.unit.support import RecordingDispatcher, launch, step_spec, workflow
+from tests.unit.test_branches import OWNER, World, _research
 
 RUNNING = {"states": [["running"]]}
 
@@ -52,3 +53,30 @@ def test_a_for_each_over_the_owners_budget_fails_its_run_naming_the_budget(
     done = world.launch(_research(), {"topics": ["a", "b"]})
     world.pump()
     assert world.record(done).status == "completed"
+
+
+def _flow(task: str) -> dict[str, object]:
+    return workflow(step_spec(task=task), name="research")
+
+
+def test_registering_past_the_owners_definitions_is_refused_naming_the_budget(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    settings = settings_factory(max_definitions_per_owner=2)
+    orch = Orchestrator(settings, RecordingDispatcher())
+    orch.register_workflow(_flow("one"), owner=OWNER)
+    orch.register_workflow(_flow("two"), owner=OWNER)
+    # The same content again is the version it already is: nothing new is stored.
+    assert orch.register_workflow(_flow("one"), owner=OWNER)[1] is False
+    with pytest.raises(LimitExceeded) as refused:
+        orch.register_workflow(_flow("three"), owner=OWNER)
+    assert refused.value.field == "definitions"
+    assert refused.value.problem == (
+        "owner 'owner-1' has 2 registered definition versions, the limit of 2 "
+        "(ORCH_MAX_DEFINITIONS_PER_OWNER, or the owner's own --max-definitions); "
+        "an operator may raise it"
+    )
+    assert [one.version for one in orch.workflows(owner=OWNER)] == [2, 1]
+    # Another owner, and the operator's published definitions, have their own.
+    orch.register_workflow(_flow("three"), owner="other")
+    orch.register_workflow(_flow("three"), owner=OWNER, shared=True)
