@@ -366,7 +366,13 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
 
 
 def _register_extensions() -> None:
-    from orchestration.surfaces import definitions_cli, maintenance, process_cli, schedules_cli
+    from orchestration.surfaces import (
+        definitions_cli,
+        maintenance,
+        owners_cli,
+        process_cli,
+        schedules_cli,
+    )
     from orchestration.surfaces.api import commands
 
     process_cli.register(app)
@@ -374,6 +380,7 @@ def _register_extensions() -> None:
     maintenance.register(app)
     definitions_cli.register_commands(app)
     schedules_cli.register_commands(app)
+    app.add_typer(owners_cli.owners_app, name="owners")
 
 
 _register_extensions()

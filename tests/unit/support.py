@@ -5,6 +5,7 @@ Nothing here starts a service: every database is a SQLite file in the test's ``t
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -313,6 +314,8 @@ def cli(
     """``orchestration ARGV`` in a fresh process on the test's database (and scripted
     provider), as ``owner``: the installed command a user types, not a function call."""
     env = {"ORCH_DATABASE_URL": settings.database_url, "PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:  # a checkout other than the installed one (a worktree)
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     if settings.scripted_url:
         env["ORCH_SCRIPTED_URL"] = settings.scripted_url
     if owner is not None:

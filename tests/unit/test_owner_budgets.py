@@ -4,14 +4,17 @@ setting in the same statement."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestration.core.errors import LimitExceeded
 from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
-from tests.unit.support import RecordingDispatcher, launch, step_spec, workflow
+from tests.unit.support import RecordingDispatcher, cli, launch, step_spec, workflow
 from tests.unit.test_branches import OWNER, World, _research
 
 RUNNING = {"states": [["running"]]}
@@ -80,3 +83,52 @@ def test_registering_past_the_owners_definitions_is_refused_naming_the_budget(
     # Another owner, and the operator's published definitions, have their own.
     orch.register_workflow(_flow("three"), owner="other")
     orch.register_workflow(_flow("three"), owner=OWNER, shared=True)
+
+
+def test_an_owners_own_values_replace_the_settings_at_admission(
+    settings: Settings, tmp_path: Path
+) -> None:
+    run = cli(settings)
+    made = run("owners", "set", OWNER, "--max-active-runs", "1", "--max-definitions", "1")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.strip() == f"owner {OWNER}: max_active_runs=1, max_definitions=1"
+    queue = RecordingDispatcher()
+    launch(settings, workflow(step_spec()), dispatcher=queue)
+    with pytest.raises(LimitExceeded, match=r"the limit of 1 \(ORCH_MAX_ACTIVE_RUNS_PER_OWNER, "):
+        launch(settings, workflow(step_spec()), dispatcher=queue)
+    # The setting (1000 here) still holds for every other owner.
+    launch(settings, workflow(step_spec()), owner="other", dispatcher=queue)
+    path = tmp_path / "flow.yaml"
+    for task in ("one", "two"):
+        path.write_text(yaml.safe_dump(_flow(task)))
+        said = cli(settings, OWNER)("workflows", "register", str(path))
+    assert said.returncode == 2
+    assert "the limit of 1 (ORCH_MAX_DEFINITIONS_PER_OWNER" in said.stderr
+    shown = json.loads(run("owners", "show", OWNER, "--json").stdout)["budgets"]
+    assert [(b["budget"], b["used"], b["limit"], b["own"]) for b in shown][:2] == [
+        ("owner_runs", 1, 1, 1),
+        ("owner_definitions", 1, 1, 1),
+    ]
+    # Raised past the setting, and put back to it.
+    assert run("owners", "set", OWNER, "--max-active-runs", "2").returncode == 0
+    launch(settings, workflow(step_spec()), dispatcher=queue)
+    assert run("owners", "set", OWNER, "--max-definitions", "default").returncode == 0
+    listed = json.loads(run("owners", "list", "--json").stdout)
+    assert [(o["owner"], o["max_active_runs"], o["max_definitions"]) for o in listed] == [
+        (OWNER, 2, None)
+    ]
+    assert "owner_runs" in run("owners", "show", OWNER).stdout
+
+
+def test_owners_set_refuses_bad_values_naming_the_option(settings: Settings) -> None:
+    run = cli(settings)
+    for argv, named in (
+        (["--max-active-runs", "lots"], "--max-active-runs"),
+        (["--max-active-runs", "0"], "max_active_runs"),
+        ([], "--max-active-runs"),
+    ):
+        said = run("owners", "set", OWNER, *argv)
+        assert said.returncode == 2, said
+        assert named in said.stderr
+    assert run("owners", "set", "two words", "--max-active-runs", "1").returncode == 2
+    assert json.loads(run("owners", "list", "--json").stdout) == []
