@@ -91,12 +91,22 @@ DEFINITIONS = Budget(
     "definitions",
     "an operator may raise it",
 )
+STORED_BYTES = Budget(
+    "owner_stored_bytes",
+    "ORCH_MAX_STORED_BYTES_PER_OWNER",
+    "max_stored_bytes_per_owner",
+    "stored bytes (the artifacts of live and kept runs)",
+    owner_use.stored_bytes,
+    "max_stored_bytes",
+    "stored_bytes",
+    "prune ended runs (orchestration prune) or ask an operator to raise it",
+)
 
 #: What a launch counts against, in the order they are checked: the deployment's, then the
 #: owner's.
-BUDGETS: tuple[Budget, ...] = (ALL_RUNS, OWNER_RUNS)
+BUDGETS: tuple[Budget, ...] = (ALL_RUNS, OWNER_RUNS, STORED_BYTES)
 #: Every budget an owner has, as ``owners show``, ``/metrics`` and the fleet page list them.
-OWNER_BUDGETS: tuple[Budget, ...] = (OWNER_RUNS, DEFINITIONS)
+OWNER_BUDGETS: tuple[Budget, ...] = (OWNER_RUNS, DEFINITIONS, STORED_BYTES)
 
 
 def admitted(owner: Any) -> ColumnElement[bool]:

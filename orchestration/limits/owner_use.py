@@ -1,6 +1,8 @@
-"""What an owner uses of the budgets the database does not keep as counts: its registered
-definition versions (read through the owner's index on ``workflow_definitions``), as scalar
-subqueries that :mod:`.admission` puts in its statements."""
+"""What an owner uses of the budgets the database does not keep as counts, as scalar
+subqueries that :mod:`.admission` puts in its statements: its registered definition versions
+(through the owner's index on ``workflow_definitions``) and its stored bytes (the sizes of its
+artifacts, through their key, which starts with the owner). Each reads the owner's own rows
+only, so its cost is the owner's: a plain owner's launch reads no one else's."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, func, select
 
-from orchestration.core.models import WorkflowDefinition
+from orchestration.core.models import Artifact, WorkflowDefinition
 
 
 def definitions(owner: Any) -> ColumnElement[int]:
@@ -17,6 +19,19 @@ def definitions(owner: Any) -> ColumnElement[int]:
         select(func.count())
         .select_from(WorkflowDefinition)
         .where(WorkflowDefinition.owner == owner)
+        .scalar_subquery()
+    )
+    return counted
+
+
+def stored_bytes(owner: Any) -> ColumnElement[int]:
+    """Bytes of ``owner``'s artifacts: the outputs over ``ORCH_INLINE_OUTPUT_BYTES`` of its
+    live and kept runs (an artifact lives until a prune finds nothing referencing it). An
+    inline output is in its step's row, at most ``ORCH_INLINE_OUTPUT_BYTES``, and not
+    counted."""
+    counted: ColumnElement[int] = (
+        select(func.coalesce(func.sum(Artifact.size), 0))
+        .where(Artifact.owner == owner)
         .scalar_subquery()
     )
     return counted

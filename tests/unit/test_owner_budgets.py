@@ -91,7 +91,7 @@ def test_an_owners_own_values_replace_the_settings_at_admission(
     run = cli(settings)
     made = run("owners", "set", OWNER, "--max-active-runs", "1", "--max-definitions", "1")
     assert made.returncode == 0, made.stderr
-    assert made.stdout.strip() == f"owner {OWNER}: max_active_runs=1, max_definitions=1"
+    assert made.stdout.startswith(f"owner {OWNER}: max_active_runs=1, max_definitions=1, ")
     queue = RecordingDispatcher()
     launch(settings, workflow(step_spec()), dispatcher=queue)
     with pytest.raises(LimitExceeded, match=r"the limit of 1 \(ORCH_MAX_ACTIVE_RUNS_PER_OWNER, "):
@@ -132,3 +132,45 @@ def test_owners_set_refuses_bad_values_naming_the_option(settings: Settings) -> 
         assert named in said.stderr
     assert run("owners", "set", "two words", "--max-active-runs", "1").returncode == 2
     assert json.loads(run("owners", "list", "--json").stdout) == []
+
+
+def _answer() -> dict[str, object]:
+    """A step that answers its task: ``args.text`` becomes its output."""
+    return workflow(step_spec(task="{{ args.text }}", with_={"states": [["completed"]]}))
+
+
+def test_stored_bytes_refuse_the_output_that_passes_them_and_then_launches(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    world = World(settings_factory(inline_output_bytes=1024, max_stored_bytes_per_owner=7000))
+    first = world.launch(_answer(), {"text": "a" * 4000})
+    world.pump()
+    assert world.record(first).status == "completed"
+    # The same bytes again are stored once: they cost nothing more.
+    again = world.launch(_answer(), {"text": "a" * 4000})
+    world.pump()
+    assert world.record(again).status == "completed"
+    over = world.launch(_answer(), {"text": "b" * 4000})
+    world.pump()
+    record = world.record(over)
+    assert (record.status, record.stop_reason) == ("failed", "over_limit")
+    assert record.steps[0].error == (
+        "step a: the output is 4000 bytes and owner 'owner-1' has 4000 stored bytes (the "
+        "artifacts of live and kept runs), the limit of 7000 (ORCH_MAX_STORED_BYTES_PER_OWNER, "
+        "or the owner's own --max-stored-bytes); prune ended runs (orchestration prune) or ask "
+        "an operator to raise it"
+    )
+    # An inline output is not an artifact: it still fits.
+    small = world.launch(_answer(), {"text": "c" * 100})
+    world.pump()
+    assert world.record(small).status == "completed"
+    # At the budget, a launch is refused; other owners are not held back.
+    run = cli(world.settings)
+    assert run("owners", "set", OWNER, "--max-stored-bytes", "4000").returncode == 0
+    with pytest.raises(LimitExceeded, match=r"has 4000 stored bytes .* the limit of 4000 \("):
+        world.launch(_answer(), {"text": "d"})
+    launch(world.settings, _answer(), {"text": "d"}, owner="other")
+    shown = json.loads(run("owners", "show", OWNER, "--json").stdout)["budgets"]
+    assert ("owner_stored_bytes", 4000, 4000, 4000) in [
+        (b["budget"], b["used"], b["limit"], b["own"]) for b in shown
+    ]
