@@ -81,6 +81,8 @@ class TenantLimits(BaseSettings):
     max_live_turns_per_owner: int = Field(200, ge=1)
     max_definitions_per_owner: int = Field(1000, ge=1)
     max_stored_bytes_per_owner: int = Field(10737418240, ge=1)
+    #: The longest a step waits for one of its owner's live turns to end before its run fails.
+    max_live_turn_wait: float = Field(3600.0, gt=0)
 
     @field_validator("artifact_dir")
     @classmethod

@@ -17,7 +17,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, case, func, literal, literal_column, null, select
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    bindparam,
+    case,
+    func,
+    literal_column,
+    null,
+    select,
+)
 from sqlalchemy.orm import Session
 
 from orchestration.core.errors import LimitExceeded
@@ -91,6 +100,16 @@ DEFINITIONS = Budget(
     "definitions",
     "an operator may raise it",
 )
+LIVE_TURNS = Budget(
+    "owner_live_turns",
+    "ORCH_MAX_LIVE_TURNS_PER_OWNER",
+    "max_live_turns_per_owner",
+    "live provider turns",
+    owner_use.live_turns,
+    "max_live_turns",
+    "turns",
+    "retry when some end",
+)
 STORED_BYTES = Budget(
     "owner_stored_bytes",
     "ORCH_MAX_STORED_BYTES_PER_OWNER",
@@ -104,9 +123,9 @@ STORED_BYTES = Budget(
 
 #: What a launch counts against, in the order they are checked: the deployment's, then the
 #: owner's.
-BUDGETS: tuple[Budget, ...] = (ALL_RUNS, OWNER_RUNS, STORED_BYTES)
+BUDGETS: tuple[Budget, ...] = (ALL_RUNS, OWNER_RUNS, LIVE_TURNS, STORED_BYTES)
 #: Every budget an owner has, as ``owners show``, ``/metrics`` and the fleet page list them.
-OWNER_BUDGETS: tuple[Budget, ...] = (OWNER_RUNS, DEFINITIONS, STORED_BYTES)
+OWNER_BUDGETS: tuple[Budget, ...] = (OWNER_RUNS, LIVE_TURNS, DEFINITIONS, STORED_BYTES)
 
 
 def admitted(owner: Any) -> ColumnElement[bool]:
@@ -118,7 +137,9 @@ def refused(
     owner: Any, budgets: Sequence[Budget] = BUDGETS, more: Any = 1
 ) -> ColumnElement[str | None]:
     """The name of the first of ``budgets`` with no room for ``more`` (``NULL``: admitted)."""
-    added = literal(more) if isinstance(more, int) else more
+    # A whole number is written into the statement, not bound: a statement built once (the
+    # start claim's) is the same for every execution.
+    added = literal_column(str(int(more)), Integer) if isinstance(more, int) else more
     full: ColumnElement[str | None] = case(
         *(
             (

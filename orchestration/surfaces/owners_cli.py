@@ -104,7 +104,7 @@ def set_(
         dump({"owner": name, **stored})
     else:
         shown = ", ".join(f"{k}={'default' if v is None else v}" for k, v in stored.items())
-        _out.print(f"owner {name}: {shown}")
+        _out.print(f"owner {name}: {shown}", soft_wrap=True)
 
 
 @owners_app.command("show")

@@ -91,7 +91,10 @@ def test_an_owners_own_values_replace_the_settings_at_admission(
     run = cli(settings)
     made = run("owners", "set", OWNER, "--max-active-runs", "1", "--max-definitions", "1")
     assert made.returncode == 0, made.stderr
-    assert made.stdout.startswith(f"owner {OWNER}: max_active_runs=1, max_definitions=1, ")
+    assert made.stdout == (
+        f"owner {OWNER}: max_active_runs=1, max_live_turns=default, max_definitions=1, "
+        "max_stored_bytes=default\n"
+    )
     queue = RecordingDispatcher()
     launch(settings, workflow(step_spec()), dispatcher=queue)
     with pytest.raises(LimitExceeded, match=r"the limit of 1 \(ORCH_MAX_ACTIVE_RUNS_PER_OWNER, "):
@@ -105,9 +108,11 @@ def test_an_owners_own_values_replace_the_settings_at_admission(
     assert said.returncode == 2
     assert "the limit of 1 (ORCH_MAX_DEFINITIONS_PER_OWNER" in said.stderr
     shown = json.loads(run("owners", "show", OWNER, "--json").stdout)["budgets"]
-    assert [(b["budget"], b["used"], b["limit"], b["own"]) for b in shown][:2] == [
+    assert [(b["budget"], b["used"], b["limit"], b["own"]) for b in shown] == [
         ("owner_runs", 1, 1, 1),
+        ("owner_live_turns", 0, settings.max_live_turns_per_owner, None),
         ("owner_definitions", 1, 1, 1),
+        ("owner_stored_bytes", 0, settings.max_stored_bytes_per_owner, None),
     ]
     # Raised past the setting, and put back to it.
     assert run("owners", "set", OWNER, "--max-active-runs", "2").returncode == 0
@@ -174,3 +179,48 @@ def test_stored_bytes_refuse_the_output_that_passes_them_and_then_launches(
     assert ("owner_stored_bytes", 4000, 4000, 4000) in [
         (b["budget"], b["used"], b["limit"], b["own"]) for b in shown
     ]
+
+
+def test_live_turns_refuse_a_launch_and_hold_a_start_until_a_turn_ends(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    world = World(settings_factory(max_live_turns_per_owner=1, max_live_turn_wait=30.0))
+    first = world.launch(workflow(step_spec(with_=RUNNING)))
+    second = world.launch(workflow(step_spec(with_={"states": [["completed"]]})))
+    world.pump(rounds=2)
+    # The first holds the owner's one turn; the second's start waits, saying why.
+    assert world.record(first).steps[0].provider_run_id is not None
+    held = world.record(second)
+    assert (held.status, held.steps[0].status) == ("queued", "pending")
+    explained = world.orch.explain(second, owner=OWNER)
+    assert "waits for one of its owner's live provider turns to end" in explained["why"]
+    assert "ORCH_MAX_LIVE_TURNS_PER_OWNER" in explained["why"]
+    # A launch at the budget is refused, naming it; another owner is not held back.
+    with pytest.raises(LimitExceeded, match=r"1 live provider turns, the limit of 1 \(ORCH_MAX_L"):
+        world.launch(workflow(step_spec()))
+    done = workflow(step_spec(with_={"states": [["completed"]]}))
+    theirs = launch(
+        world.settings, done, owner="other", now=world.clock.now, dispatcher=world.queue
+    )
+    world.pump(rounds=2)
+    assert world.orch.get(theirs, owner="other").status == "completed"
+    # The turn ends: the held start goes at its next look.
+    world.orch.cancel(first, owner=OWNER)
+    world.pump()
+    assert world.record(second).status == "completed"
+
+
+def test_a_start_held_past_the_wait_fails_its_run_naming_the_budget(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    world = World(settings_factory(max_live_turns_per_owner=1, max_live_turn_wait=2.0))
+    world.launch(workflow(step_spec(with_=RUNNING)))
+    second = world.launch(workflow(step_spec()))
+    world.pump(rounds=30)
+    record = world.record(second)
+    assert (record.status, record.stop_reason) == ("failed", "over_limit")
+    assert record.error == (
+        "step a waited 2 s (ORCH_MAX_LIVE_TURN_WAIT) for a turn: owner 'owner-1' has 1 live "
+        "provider turns, the limit of 1 (ORCH_MAX_LIVE_TURNS_PER_OWNER, or the owner's own "
+        "--max-live-turns); retry when some end"
+    )
