@@ -83,6 +83,9 @@ class TenantLimits(BaseSettings):
     max_stored_bytes_per_owner: int = Field(10737418240, ge=1)
     #: The longest a step waits for one of its owner's live turns to end before its run fails.
     max_live_turn_wait: float = Field(3600.0, gt=0)
+    #: Owners ``/metrics`` and the fleet page show against their budgets: the ones with the
+    #: most live runs (0: none; owner names then never appear on ``/metrics``).
+    metrics_top_owners: int = Field(10, ge=0, le=1000)
 
     @field_validator("artifact_dir")
     @classmethod

@@ -3,22 +3,24 @@
 The values are rows of ``owner_budgets`` (migration 0017), one per owner, each column ``NULL``
 for the setting's; admission reads them in its own statement
 (:meth:`orchestration.limits.admission.Budget.limit`), so a change applies to the next launch
-with no cache to expire. ``orchestration owners set/show/list`` writes and reads them here.
+with no cache to expire. ``orchestration owners set/show/list`` writes and reads them here;
+``/metrics`` and the fleet page read :func:`busiest`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestration.core.errors import ValidationError
-from orchestration.core.models import OwnerBudget
+from orchestration.core.models import LiveRunCount, OwnerBudget
 from orchestration.core.settings import Settings
-from orchestration.limits import admission
+from orchestration.limits import admission, live_counts
 
 #: The columns an operator sets, by the budget they bound.
 COLUMNS = tuple(budget.override for budget in admission.OWNER_BUDGETS if budget.override)
@@ -75,14 +77,21 @@ def set_own(
 def use(session: Session, settings: Settings, owner: str) -> list[Use]:
     """Each of ``owner``'s budgets with its use, limit and own value, read in one statement
     (the same expressions admission reads)."""
-    budgets = admission.OWNER_BUDGETS
+    row = session.execute(_uses(owner), admission.limits(settings, admission.OWNER_BUDGETS))
+    return _read(row.one())
+
+
+def _uses(owner: Any) -> Any:
+    """The statement of :func:`use` for ``owner`` (a value or a column)."""
     own = [
         select(getattr(OwnerBudget, column)).where(OwnerBudget.owner == owner).scalar_subquery()
         for column in COLUMNS
     ]
-    row = session.execute(
-        select(*admission.counts(owner, budgets), *own), admission.limits(settings, budgets)
-    ).one()
+    return select(*admission.counts(owner, admission.OWNER_BUDGETS), *own)
+
+
+def _read(row: Sequence[Any]) -> list[Use]:
+    budgets = admission.OWNER_BUDGETS
     owns = dict(zip(COLUMNS, row[2 * len(budgets) :], strict=True))
     return [
         Use(
@@ -108,3 +117,30 @@ def listed(session: Session) -> list[dict[str, Any]]:
         }
         for row in rows
     ]
+
+
+def busiest(session: Session, settings: Settings, most: int) -> list[tuple[str, list[Use]]]:
+    """The ``most`` owners with the most live runs (by name among equals), each with its
+    budgets' use: what ``/metrics`` and the fleet page show, so that their labels are
+    bounded whatever the number of owners. One statement: the ranking reads the live-run
+    counts' rows, then each owner's budgets are read as :func:`use` reads them."""
+    if most <= 0:
+        return []
+    live = func.sum(LiveRunCount.live)
+    top = (
+        select(LiveRunCount.owner.label("owner"), live.label("live"))
+        .where(LiveRunCount.owner != live_counts.TOTAL)
+        .group_by(LiveRunCount.owner)
+        .having(live > 0)
+        .order_by(live.desc(), LiveRunCount.owner)
+        .limit(most)
+        .subquery("top_owners")
+    )
+    statement = (
+        _uses(top.c.owner)
+        .add_columns(top.c.owner)
+        .select_from(top)
+        .order_by(top.c.live.desc(), top.c.owner)
+    )
+    rows = session.execute(statement, admission.limits(settings, admission.OWNER_BUDGETS))
+    return [(str(row[-1]), _read(row[:-1])) for row in rows]

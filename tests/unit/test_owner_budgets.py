@@ -5,16 +5,30 @@ setting in the same statement."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 
+from orchestration.core.db import session_scope, utcnow
 from orchestration.core.errors import LimitExceeded
 from orchestration.core.settings import Settings
+from orchestration.limits import owner_budgets
 from orchestration.service import Orchestrator
-from tests.unit.support import RecordingDispatcher, cli, launch, step_spec, workflow
+from orchestration.surfaces.api import tokens
+from orchestration.surfaces.api.app import create_app
+from tests.unit.support import (
+    T0,
+    RecordingDispatcher,
+    cli,
+    insert_run,
+    launch,
+    step_spec,
+    workflow,
+)
 from tests.unit.test_branches import OWNER, World, _research
 
 RUNNING = {"states": [["running"]]}
@@ -224,3 +238,28 @@ def test_a_start_held_past_the_wait_fails_its_run_naming_the_budget(
         "provider turns, the limit of 1 (ORCH_MAX_LIVE_TURNS_PER_OWNER, or the owner's own "
         "--max-live-turns); retry when some end"
     )
+
+
+def test_metrics_and_the_fleet_page_show_the_busiest_owners_use_of_their_budgets(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    settings = settings_factory(metrics_top_owners=2, max_active_runs_per_owner=5)
+    for owner, runs in (("busy", 3), ("middling", 2), ("quiet", 1)):
+        for _ in range(runs):
+            insert_run(settings, "running", owner=owner)
+    with session_scope(settings.database_url) as session:
+        owner_budgets.set_own(session, "busy", {"max_active_runs": 4}, T0)
+        operator = tokens.create(session, None, "alice", now=utcnow(), operator=True)
+    app = create_app(Orchestrator(settings, None))
+    scraped = TestClient(app).get("/metrics").text
+    used = re.findall(r"orchestration_owner_budget_used\{(.*?)\} (\S+)", scraped)
+    # Two owners (the setting), four budgets each: the quiet owner is not a label.
+    assert len(used) == 8 and "quiet" not in scraped
+    assert 'orchestration_owner_budget_used{budget="owner_runs",owner="busy"} 3.0' in scraped
+    assert 'orchestration_owner_budget_limit{budget="owner_runs",owner="busy"} 4.0' in scraped
+    assert 'orchestration_owner_budget_limit{budget="owner_runs",owner="middling"} 5.0' in scraped
+    page = TestClient(app, headers={"Authorization": f"Bearer {operator}"}).get("/dashboard/fleet")
+    rows = re.findall(r'<tr data-owner="([^"]+)">(.*?)</tr>', page.text, re.S)
+    assert [owner for owner, _ in rows] == ["busy", "middling"]
+    busy = rows[0][1]
+    assert re.search(r'data-budget="owner_runs"[^>]*>3 / 4 <span class="muted">own</span>', busy)
