@@ -263,3 +263,22 @@ def test_metrics_and_the_fleet_page_show_the_busiest_owners_use_of_their_budgets
     assert [owner for owner, _ in rows] == ["busy", "middling"]
     busy = rows[0][1]
     assert re.search(r'data-budget="owner_runs"[^>]*>3 / 4 <span class="muted">own</span>', busy)
+
+
+def test_the_http_api_refuses_over_a_budget_naming_it(settings: Settings) -> None:
+    with session_scope(settings.database_url) as session:
+        owner_budgets.set_own(session, OWNER, {"max_active_runs": 1, "max_definitions": 1}, T0)
+        token = tokens.create(session, OWNER, "t", now=utcnow())
+    client = TestClient(
+        create_app(Orchestrator(settings, RecordingDispatcher())),
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert client.post("/workflows", json=_flow("one")).status_code == 201
+    refused = client.post("/workflows", json=_flow("two"))
+    assert refused.status_code == 422
+    assert refused.json()["error"]["field"] == "definitions"
+    assert "ORCH_MAX_DEFINITIONS_PER_OWNER" in refused.json()["error"]["message"]
+    assert client.post("/runs", json={"workflow": _flow("one")}).status_code == 201
+    over = client.post("/runs", json={"workflow": _flow("one")})
+    assert (over.status_code, over.json()["error"]["field"]) == (422, "runs")
+    assert "ORCH_MAX_ACTIVE_RUNS_PER_OWNER" in over.json()["error"]["message"]
