@@ -77,7 +77,9 @@ def set_(
     max_stored_bytes: StoredBytes = None,
     as_json: AsJson = False,
 ) -> None:
-    """Set the owner's own budgets; the options not given keep their value."""
+    """Set the owner's own budgets.
+
+    The options not given keep their value; 'default' puts the setting's back."""
     from orchestration.core.db import utcnow
     from orchestration.core.followups import Done
     from orchestration.limits import owner_budgets
@@ -109,7 +111,9 @@ def set_(
 
 @owners_app.command("show")
 def show(name: Name, as_json: AsJson = False) -> None:
-    """Each budget of the owner: its use, its limit, and whether the limit is its own."""
+    """Each budget of the owner: its use against its limit.
+
+    The limit is the owner's own value where one is set, else the setting's."""
     from orchestration.core.followups import Done
     from orchestration.limits import owner_budgets
     from orchestration.runs.launching import check_name
@@ -132,7 +136,9 @@ def show(name: Name, as_json: AsJson = False) -> None:
 
 @owners_app.command("list")
 def list_(as_json: AsJson = False) -> None:
-    """The owners with own budgets, and their values (blank: the setting's)."""
+    """The owners with their own budgets.
+
+    A blank value is the setting's."""
     from orchestration.core.followups import Done
     from orchestration.limits import owner_budgets
 
