@@ -454,7 +454,7 @@ class PrunedRuns(Base):
 
 
 class LiveRunCount(Base):
-    """A part of ``owner``'s count of live top-level runs (of all owners', for
+    """A part of ``owner``'s count of live runs, branch runs included (of all owners', for
     :data:`TOTAL`): the count is the sum of its slots."""
 
     __tablename__ = "live_run_counts"
@@ -600,3 +600,17 @@ class StopSlot(Base):
     run_id: Mapped[str] = mapped_column(String(64))
     step_index: Mapped[int] = mapped_column(Integer)
     taken_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class OwnerBudget(Base):
+    """An operator's own values of one owner's budgets (``orchestration owners set``); a
+    ``NULL`` column is the setting's value (``orchestration.limits.admission``)."""
+
+    __tablename__ = "owner_budgets"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    max_active_runs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_live_turns: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_definitions: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_stored_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

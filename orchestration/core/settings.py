@@ -75,6 +75,17 @@ class TenantLimits(BaseSettings):
     max_request_bytes: int = Field(1048576, ge=4096)
     #: Bytes of one step's ``with:`` options as JSON, checked at launch.
     max_options_bytes: int = Field(65536, ge=256)
+    #: Per-owner budgets (issue 30), checked at admission; an operator may set an owner's own
+    #: values (``orchestration owners set``). Live provider turns (a step's started turn not
+    #: yet ended), registered definition versions, and bytes of stored outputs (artifacts).
+    max_live_turns_per_owner: int = Field(200, ge=1)
+    max_definitions_per_owner: int = Field(1000, ge=1)
+    max_stored_bytes_per_owner: int = Field(10737418240, ge=1)
+    #: The longest a step waits for one of its owner's live turns to end before its run fails.
+    max_live_turn_wait: float = Field(3600.0, gt=0)
+    #: Owners ``/metrics`` and the fleet page show against their budgets: the ones with the
+    #: most live runs (0: none; owner names then never appear on ``/metrics``).
+    metrics_top_owners: int = Field(10, ge=0, le=1000)
 
     @field_validator("artifact_dir")
     @classmethod

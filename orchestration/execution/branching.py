@@ -49,7 +49,7 @@ from orchestration.execution import branch_runs, finishing, parking
 from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome
 from orchestration.execution.rows import fail
-from orchestration.limits import bounds, suspensions
+from orchestration.limits import admission, bounds, suspensions
 from orchestration.runs import artifacts, chains, closing, effects
 from orchestration.runs.transitions import lock_run, touch_run, transition_run, transition_step
 from orchestration.workflows import decoded, parsing, templates
@@ -111,6 +111,23 @@ def expand(
         for one in planned
         if branch_runs.same(one, sources.get(one.index), context, settings)
     }
+    fresh_count = len(planned) - len(reused)
+    try:
+        # Refused, not held: branch runs waiting on their owner's budget would hold their
+        # parents' places in it, and parents that wait on each other's branches never end.
+        admission.check(
+            session,
+            settings,
+            run.owner,
+            (admission.ALL_RUNS, admission.OWNER_RUNS),
+            fresh_count,
+            f"its {fresh_count} branch runs do not fit: ",
+        )
+    except LimitExceeded as exc:
+        return Done(
+            Halt("branches over the owner's budget"),
+            fail(session, settings, run_id, f"step {spec.id}: {exc.problem}", now, over=True),
+        )
     items = [item for _, _, item in branches] if spec.for_each is not None else None
     also = f"; {len(reused)} reused from run {run.rerun_of}" if reused else ""
     transition_step(

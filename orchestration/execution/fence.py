@@ -53,6 +53,7 @@ from orchestration.core.states import (
     StepStatus,
     TurnStopStatus,
 )
+from orchestration.limits import admission
 from orchestration.runs import turns
 
 STEPS: Table = Step.__table__  # type: ignore[assignment]
@@ -90,6 +91,9 @@ class Refusal(StrEnum):
     UNSTOPPABLE = "unstoppable"
     #: The run is not in a status a turn may start in, or a cancel is requested.
     RUN = "run"
+    #: The run's owner has as many live provider turns as its budget
+    #: (``ORCH_MAX_LIVE_TURNS_PER_OWNER``, or the owner's own value): it waits for one to end.
+    TURNS = "turns"
 
 
 def _constant(text: str) -> ColumnElement[str]:
@@ -106,6 +110,16 @@ def _startable_run(run_id: ColumnElement[Any]) -> ColumnElement[bool]:
         constant_in(RUNS.c.status, STARTABLE),
         RUNS.c.cancel_requested_at.is_(None),
     )
+
+
+def _turns_full(run_id: ColumnElement[Any]) -> ColumnElement[bool]:
+    """The run's owner has no room for one more live turn
+    (:data:`orchestration.limits.admission.LIVE_TURNS`, read last: only a start that nothing
+    else refuses counts its owner's turns)."""
+    # Correlated by name: the owner is read two subqueries deep, past where SQL Alchemy
+    # correlates by itself.
+    owner = select(RUNS.c.owner).where(RUNS.c.id == run_id).correlate_except(RUNS).scalar_subquery()
+    return admission.refused(owner, (admission.LIVE_TURNS,)).is_not(None)
 
 
 def refusal(steps: Any = STEPS) -> ColumnElement[str | None]:
@@ -142,6 +156,7 @@ def refusal(steps: Any = STEPS) -> ColumnElement[str | None]:
             _constant(Refusal.UNSTOPPABLE.value),
         ),
         (~_startable_run(c.run_id), _constant(Refusal.RUN.value)),
+        (_turns_full(c.run_id), _constant(Refusal.TURNS.value)),
         else_=null(),
     )
     return why
@@ -344,4 +359,5 @@ def params(
         "b_now": now,
         "b_deadline": deadline,
         "b_claim_floor": now - window,
+        **admission.limits(settings, (admission.LIVE_TURNS,)),
     }

@@ -27,7 +27,7 @@ from orchestration.core.followups import Done
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import RunStatus, StepStatus
-from orchestration.execution import approving, branching, fence, retrying
+from orchestration.execution import approving, branching, fence, retrying, turn_budget
 from orchestration.execution.entry import Entry, StepRow
 from orchestration.execution.fence import Refusal
 from orchestration.execution.outcomes import Halt, Outcome, Poll
@@ -160,6 +160,8 @@ def _refused(
         return None
     if refusal in (Refusal.BACKOFF, Refusal.STOPPING, Refusal.UNSTOPPABLE):
         return retrying.held(session, settings, run_id, entry, refusal, now)
+    if refusal is Refusal.TURNS:
+        return turn_budget.held(session, settings, run_id, entry, now)
     # Another delivery's start is in flight (it records the turn, or, having lost the fence
     # to this one, hands the turn's id to the step), the turn has started, or the run is not
     # where a turn may start: look again after a poll interval, without calling the provider.

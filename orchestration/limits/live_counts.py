@@ -8,7 +8,9 @@ writer of a status, now or later, keeps them right without knowing of them. On P
 each count has up to :data:`SLOTS` rows, one per connection slot, so that concurrent
 transactions add to different rows (``docs/architecture.md`` says why they never deadlock);
 the counts are read in the statement's snapshot: the limits are admission control, not a
-lock. Branch runs are bounded by their step (``ORCH_MAX_BRANCHES``) and are not counted.
+lock. Branch runs are counted like every run (migration 0017): a branching step admits its
+branch runs only when its owner's budget has room for all of them
+(``execution.branching``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from orchestration.core.states import (
     StepStatus,
     TurnStopStatus,
 )
+from orchestration.execution import turn_budget
 from orchestration.reads.records import RunRecord, StepRecord
 from orchestration.upkeep import sweep_rules
 from orchestration.workflows.steps import StepSpec
@@ -75,6 +76,16 @@ def _waits_for_worker(record: RunRecord, status: RunStatus) -> bool:
     if status is RunStatus.PARKED:
         return record.park_reason in _POLLED_PARKS
     return status in _WORKER_STATUSES
+
+
+def _held_for_turns(step: StepRecord) -> bool:
+    """The step's start is held by its owner's live-turn budget
+    (:mod:`orchestration.execution.turn_budget` writes the words it checks)."""
+    return (
+        step.status in (StepStatus.PENDING, StepStatus.RETRYING)
+        and step.provider_run_id is None
+        and step.last_provider_status == turn_budget.WAITING
+    )
 
 
 def _ago(now: datetime, then: datetime | None) -> str:
@@ -258,6 +269,15 @@ def explain(
     elif status is RunStatus.WAITING:
         why = f"{where} finished its turn; its post-step effects are running"
         next_move = "the next effect attempt (bounded attempts with backoff)"
+    elif step is not None and _held_for_turns(step):
+        why = (
+            f"{where} waits for one of its owner's live provider turns to end: the owner is "
+            "at its budget (ORCH_MAX_LIVE_TURNS_PER_OWNER, or its own --max-live-turns)"
+        )
+        next_move = (
+            "the step task looks again on a countdown and starts once a turn ends; past "
+            f"ORCH_MAX_LIVE_TURN_WAIT ({settings.max_live_turn_wait:g} s) the run fails over_limit"
+        )
     elif status is RunStatus.QUEUED:
         why = "its first step has not started yet (waiting for a worker)"
         next_move = "a worker picks up the step task"

@@ -1,6 +1,7 @@
 """The fleet as the database sees it, for the operator's fleet page: the workers that ran
 steps in the last hour, the sweeper's passes, live runs by health, runs started and ended
-per minute, and poll lateness and sweep time per minute (``fleet_series``).
+per minute, poll lateness and sweep time per minute (``fleet_series``), and the busiest
+owners' use of their budgets.
 
 Read from the rows (the truth that outlives any process): a worker is "seen" when it last
 stamped a step it executes, so one that died is shown with the age of its last stamp. What
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session
 from orchestration.core import health as judgement
 from orchestration.core.models import Run, Step, SweeperBeat
 from orchestration.core.settings import Settings
+from orchestration.limits import owner_budgets
 from orchestration.reads import summaries
 from orchestration.upkeep import fleet_series
 
@@ -57,6 +59,9 @@ class Fleet:
     #: Poll lateness and sweep pass times of each minute (``None``: nothing reported).
     poll_lateness: list[fleet_series.Summary | None] = field(default_factory=list)
     sweep_seconds: list[fleet_series.Summary | None] = field(default_factory=list)
+    #: The owners with the most live runs (``ORCH_METRICS_TOP_OWNERS``), each with its
+    #: budgets' use against their limits.
+    owners: list[tuple[str, list[owner_budgets.Use]]] = field(default_factory=list)
 
 
 def _per_minute(times: Sequence[datetime | None], start: datetime, minutes: int) -> list[int]:
@@ -142,4 +147,5 @@ def snapshot(session: Session, settings: Settings, now: datetime) -> Fleet:
         _per_minute(finished, start, minutes),
         fleet_series.per_minute(session, fleet_series.Series.POLL_LATENESS, series_start, minutes),
         fleet_series.per_minute(session, fleet_series.Series.SWEEP_SECONDS, series_start, minutes),
+        owner_budgets.busiest(session, settings, settings.metrics_top_owners),
     )

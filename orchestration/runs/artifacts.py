@@ -25,10 +25,10 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from orchestration.core.db import insert_spelled
-from orchestration.core.errors import ArtifactCorrupt, ArtifactNotFound
+from orchestration.core.errors import ArtifactCorrupt, ArtifactNotFound, LimitExceeded
 from orchestration.core.models import Artifact, Step
 from orchestration.core.settings import Settings
-from orchestration.limits import bounds
+from orchestration.limits import admission, bounds
 
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
@@ -76,7 +76,9 @@ def keep(
 ) -> Kept | str:
     """``value`` inline when it fits ``ORCH_INLINE_OUTPUT_BYTES``, else stored as an artifact
     of ``owner`` and its reference; or why it cannot be kept (over ``ORCH_MAX_OUTPUT_BYTES``,
-    or past the run's ``ORCH_MAX_RUN_OUTPUT_BYTES`` counting the run's other steps)."""
+    or past the run's ``ORCH_MAX_RUN_OUTPUT_BYTES`` counting the run's other steps, or past
+    the owner's ``ORCH_MAX_STORED_BYTES_PER_OWNER`` counting what it stores already: bytes it
+    already stores under the same hash cost nothing)."""
     too_big = bounds.over(value, settings.max_output_bytes, what, "ORCH_MAX_OUTPUT_BYTES")
     if too_big:
         return too_big
@@ -90,6 +92,21 @@ def keep(
             f"limit of {settings.max_run_output_bytes} per run (ORCH_MAX_RUN_OUTPUT_BYTES)"
         )
     sha256 = hashlib.sha256(data).hexdigest()
+    held = session.scalar(
+        select(Artifact.size).where(Artifact.owner == owner, Artifact.sha256 == sha256)
+    )
+    if held is None:
+        try:
+            admission.check(
+                session,
+                settings,
+                owner,
+                (admission.STORED_BYTES,),
+                len(data),
+                f"{what} is {len(data)} bytes and ",
+            )
+        except LimitExceeded as exc:
+            return exc.problem
     store(session, settings, owner, sha256, data, media_type, now)
     return Kept(ref(sha256, len(data), media_type), sha256)
 

@@ -256,8 +256,7 @@ def _write(
     if (suspended := suspensions.refusal(owner, since, why)) is not None:
         raise suspended
     if refused is not None:
-        count = dict(zip((budget.name for budget in admission.BUDGETS), counted, strict=True))
-        raise admission.error(refused, owner, count[refused], settings)
+        raise admission.error(refused, owner, counted)
     then = Followups()
     decision = None
     if request.concurrency_key is not None:

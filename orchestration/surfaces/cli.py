@@ -365,12 +365,6 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     out.print(f"database at revision {revision}")
 
 
-owners_app = typer.Typer(
-    help="Owners: suspend and resume.", no_args_is_help=True, rich_markup_mode=None
-)
-app.add_typer(owners_app, name="owners")
-
-
 def _register_extensions() -> None:
     from orchestration.surfaces import (
         agents_cli,
@@ -378,12 +372,13 @@ def _register_extensions() -> None:
         deletions_cli,
         maintenance,
         owner_suspension_cli,
+        owners_cli,
         process_cli,
         schedules_cli,
     )
     from orchestration.surfaces.api import commands
 
-    owner_suspension_cli.register(owners_app)
+    owner_suspension_cli.register(owners_cli.owners_app)
 
     process_cli.register(app)
     commands.register(app)
@@ -392,6 +387,7 @@ def _register_extensions() -> None:
     schedules_cli.register_commands(app)
     deletions_cli.register(app)
     agents_cli.register_commands(app)
+    app.add_typer(owners_cli.owners_app, name="owners")
 
 
 _register_extensions()

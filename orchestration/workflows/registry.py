@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from orchestration.core.errors import ValidationError
 from orchestration.core.models import WorkflowDefinition
 from orchestration.core.settings import Settings
-from orchestration.limits import suspensions
+from orchestration.limits import admission, suspensions
 from orchestration.workflows import agents, parsing, schedule_rows
 
 #: The owner of the definitions an operator publishes for every owner.
@@ -79,7 +79,9 @@ def register(
     """Validate ``data`` and store it as the next version of its name (``shared``: for every
     owner); the stored version and whether it is new. Raises :class:`ValidationError`
     naming the field for a bad definition, or a name that cannot be referred to, and
-    :class:`OwnerSuspended` for a suspended owner."""
+    :class:`OwnerSuspended` for a suspended owner, and :class:`LimitExceeded` for a new
+    version past the owner's ``ORCH_MAX_DEFINITIONS_PER_OWNER`` (every version counts: each is
+    a stored program)."""
     suspensions.refuse(session, owner)
     known = agents.load(session, agents.named(data))
     definition = parsing.parse(data, settings, agents=known).as_dict()
@@ -107,6 +109,8 @@ def register(
         ).first()
         if same is not None:
             return _of(same), False
+        if not shared:
+            admission.check(session, settings, owner, (admission.DEFINITIONS,))
         latest = session.scalar(
             select(func.max(WorkflowDefinition.version)).where(
                 WorkflowDefinition.owner == scope, WorkflowDefinition.name == name

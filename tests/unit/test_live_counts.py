@@ -1,5 +1,6 @@
 """The live-run counts a launch's admission reads (``orchestration.limits.live_counts``) are kept by
-triggers on ``runs``: whatever writes a run, they equal a count of the live top-level runs."""
+triggers on ``runs``: whatever writes a run, they equal a count of the live runs, branch runs
+included (migration 0017)."""
 
 from __future__ import annotations
 
@@ -43,11 +44,11 @@ def kept(settings: Settings) -> dict[str, int]:
 
 
 def counted(settings: Settings) -> dict[str, int]:
-    """The live top-level runs counted from the rows, by owner and in all."""
+    """The live runs (branch runs included) counted from the rows, by owner and in all."""
     with session_scope(settings.database_url) as session:
         rows = session.execute(
             select(Run.owner, func.count())
-            .where(Run.status.in_([s.value for s in RUN_LIVE]), Run.parent_run_id.is_(None))
+            .where(Run.status.in_([s.value for s in RUN_LIVE]))
             .group_by(Run.owner)
         ).all()
     mine = {owner: int(live) for owner, live in rows}
@@ -68,12 +69,12 @@ def test_the_counts_follow_every_way_a_run_becomes_and_stops_being_live(
     world.pump(rounds=3)
     with session_scope(settings.database_url) as session:
         branches = session.scalars(select(Run.status).where(Run.parent_run_id == fanned)).all()
-    # Three live branch runs, and their parent the only one counted.
+    # Three live branch runs, counted with their parent.
     assert sorted(branches) == ["running"] * 3
-    assert kept(settings) == counted(settings) == {OWNER: 1, TOTAL: 1}
+    assert kept(settings) == counted(settings) == {OWNER: 4, TOTAL: 4}
     done = world.launch(workflow(step_spec(with_={"states": [["completed"]]})))
     other = [launch(settings, workflow(step_spec()), owner="other") for _ in range(2)]
-    assert kept(settings) == counted(settings) == {OWNER: 2, "other": 2, TOTAL: 4}
+    assert kept(settings) == counted(settings) == {OWNER: 5, "other": 2, TOTAL: 7}
     world.pump(rounds=3)
     assert world.record(done).status == "completed"
     world.orch.cancel(fanned, owner=OWNER)

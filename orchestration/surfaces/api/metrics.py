@@ -19,7 +19,9 @@ index:
 * live runs by status, health (:func:`~orchestration.core.health.expression`, in SQL)
   and past ``deadline_at``: one ``GROUP BY`` over the live rows only (``ix_runs_live``);
 
-plus the sweeper's age (its one-row table).
+plus the sweeper's age (its one-row table), and the budgets' use of the
+``ORCH_METRICS_TOP_OWNERS`` owners with the most live runs (read from the live-run counts'
+rows, then a statement per owner over its own rows): owner names are labels only for those.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from orchestration.core.db import session_scope, utcnow
 from orchestration.core.models import PrunedRuns, Run
 from orchestration.core.settings import Settings
 from orchestration.core.states import RUN_LIVE, RUN_TERMINAL, STOP_REASONS, Health, RunStatus
+from orchestration.limits import owner_budgets
 from orchestration.reads import summaries
 from orchestration.runtime.liveness import sweeper_age
 from orchestration.upkeep.pruned_counts import CANCEL_BUCKETS, NO_LATENCY, hour_of
@@ -197,6 +200,7 @@ class RunMetrics(Collector):
                     judgement.params(self.settings, now),
                 )
             ]
+            owners = owner_budgets.busiest(session, self.settings, self.settings.metrics_top_owners)
         settled = _Settled(cutoff, Counter(before.ended), list(before.latency))
         settled.latency_seconds = before.latency_seconds
         ended = Counter(before.ended)
@@ -225,6 +229,8 @@ class RunMetrics(Collector):
         deadline.add_metric([], sum(past for *_, past in live))
         yield deadline
 
+        yield from self._owners(owners)
+
         sweeper = GaugeMetricFamily(
             "orchestration_sweeper_last_pass_age_seconds",
             "Seconds since the sweeper's last pass (+Inf if it never ran).",
@@ -232,6 +238,27 @@ class RunMetrics(Collector):
         age = sweeper_age(self.settings, now)
         sweeper.add_metric([], float("inf") if age is None else age)
         yield sweeper
+
+    @staticmethod
+    def _owners(owners: list[tuple[str, list[owner_budgets.Use]]]) -> Iterator[Metric]:
+        """Each budget's use and limit for the busiest owners (``ORCH_METRICS_TOP_OWNERS``):
+        at most that many owners times the budgets as label sets."""
+        used = GaugeMetricFamily(
+            "orchestration_owner_budget_used",
+            "What an owner uses of each budget, for the owners with the most live runs.",
+            labels=["owner", "budget"],
+        )
+        limit = GaugeMetricFamily(
+            "orchestration_owner_budget_limit",
+            "Each budget's limit for those owners (the setting, or the owner's own value).",
+            labels=["owner", "budget"],
+        )
+        for owner, uses in owners:
+            for one in uses:
+                used.add_metric([owner, one.budget], one.used)
+                limit.add_metric([owner, one.budget], one.limit)
+        yield used
+        yield limit
 
     @staticmethod
     def _runs(
