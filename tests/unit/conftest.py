@@ -10,6 +10,7 @@ and ~20x faster than a database cloned from a template (docs/contributing.md).
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import sqlite3
@@ -102,6 +103,9 @@ class Databases(Protocol):
     def take(self, folder: Path, name: str, **overrides: Any) -> Settings:
         """Settings (``FAST`` bounds plus ``overrides``) on a migrated database of no rows."""
 
+    def blank(self, folder: Path, name: str) -> Settings:
+        """Settings on a database with no tables yet, for a test of the migrations."""
+
     def give_back(self, settings: Settings) -> None:
         """The test is done with the database of ``settings``."""
 
@@ -124,6 +128,9 @@ class SqliteDatabases:
         shutil.copyfile(self._template, make_url(settings.database_url).database or "")
         return settings
 
+    def blank(self, folder: Path, name: str) -> Settings:
+        return make_settings(folder, name=name)
+
     def give_back(self, settings: Settings) -> None:
         close_pools(settings)
 
@@ -141,15 +148,24 @@ class PostgresDatabases:
         self._admin = create_engine(self._server, isolation_level="AUTOCOMMIT", poolclass=NullPool)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self._prefix = f"orch_unit_{worker}_{uuid.uuid4().hex[:8]}"
+        self._numbers = itertools.count()
         self._made: list[str] = []
         self._free: list[str] = []
 
     def take(self, folder: Path, name: str, **overrides: Any) -> Settings:
         if "database_url" in overrides:
             raise ValueError("the unit tier chooses the database: do not override database_url")
-        url = self._free.pop(0) if self._free else self._make()
+        if self._free:
+            url = self._free.pop(0)
+        else:
+            url = self._create()
+            upgrade(url)
         values = {"database_url": url, "scripted_url": None, **overrides}
         return make_settings(folder, name=name, **values)
+
+    def blank(self, folder: Path, name: str) -> Settings:
+        """Never reused: it is dropped with the others when the session ends."""
+        return make_settings(folder, name=name, database_url=self._create(), scripted_url=None)
 
     def give_back(self, settings: Settings) -> None:
         url = settings.database_url
@@ -169,14 +185,12 @@ class PostgresDatabases:
             self._drop(name)
         self._admin.dispose()
 
-    def _make(self) -> str:
-        name = f"{self._prefix}_{len(self._made)}"
+    def _create(self) -> str:
+        name = f"{self._prefix}_{next(self._numbers)}"
         with self._admin.connect() as connection:
             connection.execute(text(f'CREATE DATABASE "{name}"'))
         self._made.append(name)
-        url = self._server.set(database=name).render_as_string(hide_password=False)
-        upgrade(url)
-        return url
+        return self._server.set(database=name).render_as_string(hide_password=False)
 
     def _drop(self, name: str) -> None:
         get_engine(self._server.set(database=name).render_as_string(hide_password=False)).dispose()

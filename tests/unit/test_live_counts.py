@@ -19,12 +19,12 @@ from orchestration.core.states import RUN_LIVE
 from orchestration.limits.live_counts import TOTAL
 from orchestration.runtime.executor import Executor
 from orchestration.upkeep import retention
+from tests.unit.conftest import Databases
 from tests.unit.support import (
     T0,
     RecordingDispatcher,
     insert_run,
     launch,
-    make_settings,
     step_spec,
     workflow,
 )
@@ -131,8 +131,10 @@ def _insert_before_0015(settings: Settings, status: str, owner: str) -> None:
         )
 
 
-def test_runs_there_before_the_migration_are_counted(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path)
+def test_runs_there_before_the_migration_are_counted(
+    tmp_path: Path, unit_databases: Databases
+) -> None:
+    settings = unit_databases.blank(tmp_path, "t")
     upgrade(settings.database_url, "0013")
     for status in ("queued", "running", "parked", "completed", "cancelled"):
         _insert_before_0015(settings, status, "owner-1")
