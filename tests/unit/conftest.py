@@ -4,8 +4,8 @@ On SQLite (the default) each test gets a copy of one migrated file. With
 ``ORCH_TEST_UNIT_DATABASE=postgresql`` each xdist worker makes its own databases on the server of
 ``ORCH_TEST_DATABASE_URL``, migrated by the project's Alembic migrations (the status triggers
 come with them); a test takes one, and its rows are deleted when it is done, so that the next
-test finds it empty. Deleting the rows of a few small tables is ~15x faster than a ``TRUNCATE``
-and ~20x faster than a database cloned from a template (docs/contributing.md).
+test finds it empty: deleting the rows of a few small tables costs far less than a
+``TRUNCATE`` or a database cloned from a template (figures in docs/contributing.md).
 """
 
 from __future__ import annotations
