@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test docs-test lint chaos chaos-ci bench upkeep-bench ci
+.PHONY: install demo test test-pg docs-test lint chaos chaos-ci bench upkeep-bench ci
 
 $(VENV)/bin/orchestration:
 	python3 -m venv $(VENV)
@@ -16,6 +16,13 @@ demo: install
 
 test: install
 	$(VENV)/bin/pytest -n 2
+
+# The unit tier on PostgreSQL instead of SQLite (docs/contributing.md): each xdist worker makes
+# its own databases on this server, and drops them when it is done.
+ORCH_TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
+test-pg: install
+	ORCH_TEST_UNIT_DATABASE=postgresql ORCH_TEST_DATABASE_URL=$(ORCH_TEST_DATABASE_URL) \
+		$(VENV)/bin/pytest -n 2 tests/unit
 
 # Every runnable command block of README.md and docs/*.md, as written, from a fresh shell
 # (docs/contributing.md); needs the services the docs name (PostgreSQL, Redis).

@@ -79,6 +79,8 @@ def parse(
             message = "is not a known field"
         raise ValidationError(field, message) from None
     spec = _default_intervals(spec, settings)
+    if "\x00" in spec.name:
+        raise ValidationError("name", _NUL_PROBLEM)
     spec = spec.model_copy(
         update={
             "steps": [
@@ -88,6 +90,7 @@ def parse(
         }
     )
     if spec.args_schema is not None:
+        plain_json(spec.args_schema, "args_schema")
         args_schema.check_schema(spec.args_schema)
         if args is not None:
             args_schema.check(spec.args_schema, dict(args))
@@ -375,14 +378,25 @@ def check_args(args: Any, settings: Settings, field: str = "args") -> dict[str, 
     return dict(args)
 
 
+#: A NUL character in JSON text: ``\u0000`` after an even number of backslashes (an odd
+#: number makes it the text ``\u0000``).
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_NUL_PROBLEM = "must not hold a NUL character (\\u0000): PostgreSQL cannot store one"
+
+
 def plain_json(value: Any, field: str) -> int:
     """The UTF-8 size of ``value`` as strict JSON; a :class:`ValidationError` naming ``field``
-    for anything else (NaN, a date, bytes, a lone surrogate, absurd nesting or integers)."""
+    for anything else (NaN, a date, bytes, a lone surrogate, absurd nesting or integers), and
+    for a NUL character, which SQLite keeps but PostgreSQL refuses with a raw error."""
     try:
-        return len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode())
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        size = len(text.encode())
     except (TypeError, ValueError, RecursionError) as exc:
         problem = "is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise ValidationError(field, f"must be plain JSON: {problem}") from None
+    if "\\u0000" in text and _NUL.search(text):
+        raise ValidationError(field, _NUL_PROBLEM)
+    return size
 
 
 def fingerprint(

@@ -2,7 +2,8 @@
 
 * a poll that changes nothing is one transaction of two statements (the fence and the stamp);
   on PostgreSQL one statement outside any transaction
-  (``tests/integration/test_postgres_statements.py``);
+  (``tests/integration/test_postgres_statements.py``), or these two with ``single_statement``
+  off;
 * a turn already finished at its start is finished in that execution, in two transactions;
 * a chain goes out in segments of at most ``SEGMENT_LINKS`` links, and the step that finishes
   without a next link in its message (the last of a segment, or one that polled) arms the
@@ -11,12 +12,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import event, select, update
 
 from orchestration.core.db import get_engine, session_scope
@@ -67,6 +70,17 @@ def counting(settings: Settings) -> Iterator[Count]:
     finally:
         event.remove(engine, "before_cursor_execute", statement)
         event.remove(engine, "begin", begin)
+
+
+@pytest.fixture
+def settings(settings_factory: Callable[..., Settings], tmp_path: Path) -> Settings:
+    """The statements counted here are the sequence's: SQLite's, and PostgreSQL's with
+    ``single_statement`` off (its one-statement forms are counted by the integration test named
+    above). The scripted provider keeps its turns in a file of its own, so that only the engine's
+    statements are counted."""
+    return settings_factory(
+        single_statement=False, scripted_url=f"sqlite:///{tmp_path / 'turns.db'}"
+    )
 
 
 def _stepper(settings: Settings, queue: Any = None) -> Stepper:

@@ -20,12 +20,12 @@ from orchestration.core.states import RUN_LIVE
 from orchestration.limits.live_counts import TOTAL
 from orchestration.runtime.executor import Executor
 from orchestration.upkeep import retention
+from tests.unit.conftest import Databases
 from tests.unit.support import (
     T0,
     RecordingDispatcher,
     insert_run,
     launch,
-    make_settings,
     step_spec,
     workflow,
 )
@@ -132,8 +132,10 @@ def _insert_before_0015(settings: Settings, status: str, owner: str) -> None:
         )
 
 
-def test_runs_there_before_the_migration_are_counted(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path)
+def test_runs_there_before_the_migration_are_counted(
+    tmp_path: Path, unit_databases: Databases
+) -> None:
+    settings = unit_databases.blank(tmp_path, "t")
     upgrade(settings.database_url, "0013")
     for status in ("queued", "running", "parked", "completed", "cancelled"):
         _insert_before_0015(settings, status, "owner-1")
@@ -142,19 +144,25 @@ def test_runs_there_before_the_migration_are_counted(tmp_path: Path) -> None:
     assert kept(settings) == counted(settings) == {"owner-1": 3, "other": 1, TOTAL: 4}
 
 
+#: The triggers on ``runs`` as each database writes them back, and how a list of statuses in
+#: a trigger's condition reads there.
+_TRIGGERS = {
+    "sqlite": "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'runs'",
+    "postgresql": "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+    "WHERE tgrelid = 'runs'::regclass AND NOT tgisinternal",
+}
+_STATUS_LISTS = {"sqlite": r"status (?:NOT )?IN \(([^)]*)\)", "postgresql": r"ARRAY\[([^\]]*)\]"}
+
+
 def test_the_triggers_count_the_live_statuses_of_the_state_machine(settings: Settings) -> None:
     with session_scope(settings.database_url) as session:
-        triggers = dict(
-            session.execute(
-                text(
-                    "SELECT name, sql FROM sqlite_master "
-                    "WHERE type = 'trigger' AND tbl_name = 'runs'"
-                )
-            ).all()
-        )
+        dialect = session.get_bind().dialect.name
+        triggers = dict(session.execute(text(_TRIGGERS[dialect])).all())
     triggers = {name: sql for name, sql in triggers.items() if name.startswith("runs_live_")}
     assert set(triggers) == {"runs_live_inserted", "runs_live_ended", "runs_live_deleted"}
     live = {s.value for s in RUN_LIVE}
     for sql in triggers.values():
-        for listed in re.findall(r"status (?:NOT )?IN \(([^)]*)\)", sql):
+        lists = re.findall(_STATUS_LISTS[dialect], sql)
+        assert lists, sql
+        for listed in lists:
             assert set(re.findall(r"'(\w+)'", listed)) == live, sql

@@ -164,6 +164,33 @@ def test_a_start_that_outlives_its_run_stops_its_own_turn(
     assert (step.provider_run_id, step.turn_stop["status"]) == ("turn-9", "stopped")
 
 
+def test_two_deliveries_executed_at_once_start_one_turn(settings: Settings) -> None:
+    """A step's message delivered twice (a redelivery) and executed at the same moment, each
+    execution on connections of its own: one claims the start and calls the provider, the
+    other finds the claim (or the turn it recorded) and calls nothing."""
+    from orchestration.providers.scripted import ScriptedProvider
+    from tests.unit.support import step_spec
+
+    run_id = launch(settings, workflow(step_spec(with_={"states": [["running", 1000]]})))
+    together = threading.Barrier(2)
+
+    def deliver() -> Outcome:
+        stepper = Stepper(settings, Executor(settings, None))
+        together.wait(10)
+        return stepper.advance(run_id, 0, 0)
+
+    deliveries = [_in_thread(deliver) for _ in range(2)]
+    for thread, _ in deliveries:
+        thread.join(20)
+    assert [len(outcomes) for _, outcomes in deliveries] == [1, 1], "a delivery raised"
+    kinds = sorted(type(outcome).__name__ for _, outcomes in deliveries for outcome in outcomes)
+    assert kinds == ["Halt", "Poll"]
+    assert len(ScriptedProvider(settings).start_calls(run_id + ":")) == 1
+    step = steps_of(settings, run_id)[0]
+    assert (step.status, step.start_claimed_at) == ("running", None)
+    assert step.provider_run_id is not None
+
+
 def test_a_duplicate_delivery_never_starts_a_turn_while_a_start_is_in_flight(
     settings: Settings,
 ) -> None:

@@ -151,10 +151,12 @@ def test_status_columns_fit_every_value() -> None:
 
 def test_migrated_live_index_matches_the_live_statuses(settings: Settings) -> None:
     """The partial index the sweeper reads through must cover exactly the live statuses."""
+    read = {
+        "sqlite": "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = 'ix_runs_live'",
+        "postgresql": "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_runs_live'",
+    }
     with get_engine(settings.database_url).connect() as connection:
-        sql = connection.execute(
-            text("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = 'ix_runs_live'")
-        ).scalar_one()
+        sql = connection.execute(text(read[connection.dialect.name])).scalar_one()
     listed = set(re.findall(r"'([a-z_]+)'", sql))
     assert listed == {status.value for status in RUN_LIVE}
 

@@ -1,8 +1,8 @@
 """What a tenant controls or a provider returns is bounded, redacted and never a database
 error; provider cancels are handed off, bounded and retried, and recorded on the step.
 
-Driven like ``test_stepper``: one ``Stepper.advance`` per call on SQLite, the scripted
-provider as the runtime (and the http provider against a closed loopback port for an outage).
+Driven like ``test_stepper``: one ``Stepper.advance`` per call, the scripted provider as the
+runtime (and the http provider against a loopback service, or a closed port for an outage).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from orchestration.runs import turns
 from orchestration.runtime.executor import Executor
 from orchestration.service import Orchestrator
 from orchestration.workflows import templates
+from tests.support.hostile_servers import HostileServer, well_behaved
 from tests.unit.support import (
     PROPERTY,
     Clock,
@@ -140,17 +141,30 @@ def test_a_long_provider_error_is_cut_to_its_bound_saying_so(
 
 
 def test_what_a_provider_returns_is_redacted_and_stripped_of_nul_before_it_is_stored(
-    settings_factory: Callable[..., Settings], clock: Clock, monkeypatch: pytest.MonkeyPatch
+    settings_factory: Callable[..., Settings],
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AGENT_TOKEN", SECRET)
     settings = settings_factory(provider_secrets={"AGENT_TOKEN": ["127.0.0.1"]})
-    echoed = {"states": [["completed"]], "output": {"echo": f"Bearer {SECRET}", "nul": "a\x00b"}}
+    # A service answers the NUL: a workflow may not hold one (PostgreSQL cannot store it).
+    answer = {"id": "turn-1", "state": "completed"}
+    answer["result"] = {"echo": f"Bearer {SECRET}", "nul": "a\x00b"}
     failing = {"states": [["failed"]], "error": f"auth header was Bearer {SECRET}"}
-    done = launch(settings, workflow(step_spec(with_=echoed)), now=clock())
-    failed = launch(settings, workflow(step_spec(with_=failing)), now=clock())
-    stepper = Stepper(settings, Executor(settings, None), clock=clock)
-    drive(stepper, done)
-    drive(stepper, failed)
+    with HostileServer(well_behaved(answer)) as service:
+        echoed = {
+            "start": {"url": f"{service.url}/runs"},
+            "status": {"url": f"{service.url}/runs/{{run_id}}"},
+            "cancel": {"url": f"{service.url}/runs/{{run_id}}/cancel"},
+            "run_id_path": "id",
+            "status_path": "state",
+            "output_path": "result",
+        }
+        done = launch(settings, workflow(step_spec(provider="http", with_=echoed)), now=clock())
+        failed = launch(settings, workflow(step_spec(with_=failing)), now=clock())
+        stepper = Stepper(settings, Executor(settings, None), clock=clock)
+        drive(stepper, done)
+        drive(stepper, failed)
     output = steps_of(settings, done)[0].output
     assert output == {"echo": "Bearer ***", "nul": "ab"}
     failed_run = run_row(settings, failed)

@@ -1,7 +1,8 @@
-"""The one writer of status, on a real SQLite database: compare-and-set plus the journal."""
+"""The one writer of status, on a real database: compare-and-set plus the journal."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from itertools import product
 from typing import Any
@@ -9,11 +10,11 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from orchestration.core.db import constant_in, session_scope, upgrade
+from orchestration.core.db import constant_in, session_scope
 from orchestration.core.errors import IllegalTransition, RunNotFound
 from orchestration.core.followups import Done, Followups
 from orchestration.core.models import Run, Step
@@ -34,7 +35,8 @@ from orchestration.runs import concurrency
 from orchestration.runs.closing import end_run
 from orchestration.runs.transitions import touch_run, touch_step, transition_run, transition_step
 from orchestration.runtime.executor import Executor
-from tests.unit.conftest import close_pools
+from tests.conftest import wait_for
+from tests.unit.conftest import Databases
 from tests.unit.support import (
     PROPERTY,
     T0,
@@ -43,7 +45,6 @@ from tests.unit.support import (
     force_step,
     insert_run,
     launch,
-    make_settings,
     run_row,
     s,
     snapshot,
@@ -54,12 +55,13 @@ T1 = T0 + s(5)
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, unit_databases: Databases
+) -> Iterator[Settings]:
     """One database for the table-driven tests below; each case launches its own run."""
-    built = make_settings(tmp_path_factory.mktemp("transitions"))
-    upgrade(built.database_url)
+    built = unit_databases.take(tmp_path_factory.mktemp("transitions"), "t")
     yield built
-    close_pools(built)
+    unit_databases.give_back(built)
 
 
 def _reason(to: RunStatus) -> StopReason | None:
@@ -461,6 +463,94 @@ def test_a_move_that_lost_a_race_is_journalled_from_the_status_really_left(
     new = events_of(settings, run_id)[len(before) :]
     assert [(e.from_status, e.to_status, e.cause) for e in new] == [
         ("waiting", "completed", "done")
+    ]
+
+
+def test_writers_that_move_one_run_at_once_journal_one_path_of_legal_moves(
+    settings: Settings,
+) -> None:
+    """Writers on connections of their own move one run back and forth at the same time. Each
+    move either goes on from the status the run really has or writes nothing: the journal is
+    one path of legal moves from ``running``, and it ends where the run is. (PostgreSQL: a
+    writer that waited on the row lock checks the row again once the other commits; SQLite
+    serialises the writers.)"""
+    run_id = _run_in(settings, RunStatus.RUNNING)
+    targets = [RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED] * 2
+    together = threading.Barrier(len(targets))
+    moved: list[RunStatus] = []
+    errors: list[BaseException] = []
+
+    def move(to: RunStatus) -> None:
+        try:
+            together.wait(10)
+            for _ in range(15):
+                try:
+                    with session_scope(settings.database_url) as session:
+                        transition_run(session, run_id, to, cause="race", now=T1)
+                    moved.append(to)
+                except IllegalTransition:
+                    pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    writers = [threading.Thread(target=move, args=(to,)) for to in targets]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(60)
+    assert errors == []
+    path = [(e.from_status, e.to_status) for e in events_of(settings, run_id)]
+    assert sorted(to for _, to in path) == sorted(to.value for to in moved) and moved
+    assert [source for source, _ in path] == [RunStatus.RUNNING.value, *[to for _, to in path][:-1]]
+    assert all(RunStatus(to) in RUN_TRANSITIONS[RunStatus(source)] for source, to in path)
+    assert run_row(settings, run_id).status == path[-1][1]
+
+
+def _lock_waits(settings: Settings) -> int:
+    """Sessions of this database waiting on a lock (PostgreSQL)."""
+    with session_scope(settings.database_url) as session:
+        return int(
+            session.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            )
+            or 0
+        )
+
+
+@pytest.mark.postgresql_only(
+    reason="watches a writer wait on PostgreSQL's row lock (pg_stat_activity); SQLite "
+    "serialises writers on its file, where no such wait can be seen"
+)
+def test_a_move_that_waited_on_an_uncommitted_move_checks_the_row_again(
+    settings: Settings,
+) -> None:
+    """A park that reaches the row while a cancel's move holds it uncommitted waits for it,
+    then finds ``cancelling`` (which it may not leave for ``parked``) and writes nothing."""
+    run_id = _run_in(settings, RunStatus.RUNNING)
+    outcome: list[BaseException | None] = []
+
+    def park() -> None:
+        try:
+            with session_scope(settings.database_url) as session:
+                transition_run(session, run_id, RunStatus.PARKED, cause="park", now=T1)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    parking = threading.Thread(target=park)
+    with session_scope(settings.database_url) as session:
+        transition_run(session, run_id, RunStatus.CANCELLING, cause="cancel", now=T1)
+        parking.start()
+        wait_for(lambda: _lock_waits(settings), timeout=10, what="the park to wait on the row")
+    parking.join(10)
+    [refused] = outcome
+    assert isinstance(refused, IllegalTransition), refused
+    assert (refused.current, refused.target) == ("cancelling", "parked")
+    assert [(e.from_status, e.to_status) for e in events_of(settings, run_id)] == [
+        ("running", "cancelling")
     ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -554,6 +555,12 @@ def test_check_args_gives_plain_json_or_a_named_error(settings: Settings, args: 
 _OWNER = st.sampled_from(["owner-1", "owner-2"]) | _TEXT
 
 
+def _as_decimals(value: Any) -> Any:
+    """``value`` with its JSON numbers as decimals: PostgreSQL keeps a JSON number as one
+    (``1e300`` comes back as the integer ``10**300``), SQLite as it was written."""
+    return json.loads(json.dumps(value), parse_float=Decimal, parse_int=Decimal)
+
+
 def _launch_or_refuse(settings: Settings, data: Any, args: Any, owner: str) -> None:
     dispatcher = RecordingDispatcher()
     before = counts(settings)
@@ -582,7 +589,7 @@ def _launch_or_refuse(settings: Settings, data: Any, args: Any, owner: str) -> N
     }
     run = run_row(settings, run_id)
     assert (run.status, run.owner) == (RunStatus.QUEUED.value, owner)
-    assert run.workflow == spec.as_dict()
+    assert _as_decimals(run.workflow) == _as_decimals(spec.as_dict())
     assert [step.step_id for step in steps_of(settings, run_id)] == [s.id for s in spec.steps]
     assert [plan.run_id for plan in dispatcher.chains] == [run_id]
 
@@ -668,6 +675,33 @@ def test_a_file_with_a_huge_int_is_a_validation_error(tmp_path: Path, suffix: st
 def test_a_non_finite_number_in_a_task_is_refused(settings: Settings) -> None:
     with pytest.raises(ValidationError):
         workflows.parse(workflow(step_spec(task={"n": float("nan")})), settings)
+
+
+@pytest.mark.parametrize(
+    ("field", "definition", "args"),
+    [
+        ("name", workflow(name="a\x00b"), None),
+        ("steps[0].task", workflow(step_spec(task={"q": ["\x00"]})), None),
+        ("steps[0].with", workflow(step_spec(with_={"output": {"k\x00": 1}})), None),
+        ("args", workflow(), {"x": "\\\x00"}),
+        ("args_schema", {**workflow(), "args_schema": {"description": "\x00"}}, None),
+    ],
+    ids=["name", "task", "with-key", "args", "args-schema"],
+)
+def test_a_nul_character_is_a_validation_error_and_writes_nothing(
+    settings: Settings, field: str, definition: dict[str, Any], args: Any
+) -> None:
+    """Found on PostgreSQL: text and JSON columns refuse NUL, and a launch holding one failed
+    with the database's error (SQLite stored it)."""
+    before = counts(settings)
+    with pytest.raises(ValidationError) as caught:
+        launch(settings, definition, args)
+    assert (caught.value.field, "NUL" in caught.value.problem) == (field, True)
+    assert counts(settings) == before
+
+
+def test_the_text_backslash_u0000_is_no_nul(settings: Settings) -> None:
+    launch(settings, workflow(step_spec(task="\\u0000 is six characters")), {"x": "\\u0000"})
 
 
 @pytest.mark.parametrize("value", ["acme\n", "r" * 200 + "\n"])
