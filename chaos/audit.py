@@ -134,6 +134,12 @@ MUST_BE_ZERO = (
     "journal_breaks",
     "terminal_runs_with_live_steps",
     "writes_after_takeover",
+    # The tenant figures (:mod:`chaos.tenants`, :mod:`chaos.memory`, :mod:`chaos.hostile`).
+    "plain_runs_past_deadline",
+    "secrets_seen_by_hostile_servers",
+    "secrets_stored",
+    "hostile_launches_not_refused",
+    "worker_memory_over_bound",
 )
 
 _RUN_END = {status.value for status in RUN_TERMINAL}
@@ -275,6 +281,8 @@ class Audit:
         self.violations: list[dict[str, Any]] = []
         self.lateness: list[float] = []
         self.net_lateness: list[float] = []
+        #: Runs that missed a deadline (set by :meth:`deadlines`).
+        self.missed: set[str] = set()
 
     # -- helpers ----------------------------------------------------------------------------
     def _scenario_of(self, run: Any) -> str:
@@ -282,7 +290,8 @@ class Audit:
         if run.parent_run_id is not None:
             parent = self.runs.get(run.parent_run_id)
             return f"{self._scenario_of(parent) if parent else '?'} (branch runs)"
-        return self.scenario.get(run.request_id, "?")
+        # A run nobody planned is a schedule's fire (the storm's).
+        return self.scenario.get(run.request_id) or f"scheduled ({run.owner})"
 
     def _violation(self, figure: str, run_id: str | None, detail: str) -> None:
         entry: dict[str, Any] = {"figure": figure, "run_id": run_id, "detail": detail}
@@ -343,6 +352,7 @@ class Audit:
                 stated_at = write.at if write is not None else 0.0
             if worst > -math.inf:
                 missed += 1
+                self.missed.add(run_id)
                 self._violation(
                     "deadline_misses",
                     run_id,

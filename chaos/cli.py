@@ -13,8 +13,10 @@ import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from chaos.faults import KINDS
+from chaos.latency import comparison
 from chaos.profiles import PROFILES
 from chaos.report import table, update_doc, write_json
 from chaos.runner import Options, log, run
@@ -59,6 +61,14 @@ def parser() -> argparse.ArgumentParser:
         help=f"comma-separated fault kinds to inject (default: all of {', '.join(KINDS)})",
     )
     parse.add_argument("--keep-logs", action="store_true", help="keep the worker logs folder")
+    parse.add_argument(
+        "--plain", action="store_true", help="the plain population alone, without hostile owners"
+    )
+    parse.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the plain pass that the full profile runs first to compare step latency",
+    )
     return parse
 
 
@@ -86,12 +96,28 @@ def main(argv: list[str] | None = None) -> int:
             parser().error(f"--faults: unknown kinds {unknown}; known: {', '.join(KINDS)}")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     log(f"seed {seed} (reproduce with --seed {seed})")
+    options = Options(
+        profile, seed, args.broker, args.database, args.keep_logs, kinds, hostile=not args.plain
+    )
+    baseline: dict[str, Any] | None = None
     try:
-        report = run(Options(profile, seed, args.broker, args.database, args.keep_logs, kinds))
+        if options.hostile and profile.baseline and not args.no_baseline:
+            log("plain pass: the plain population alone, for the step latency it keeps")
+            baseline = run(replace(options, hostile=False))
+            write_json(baseline, args.report.with_name(f"{args.report.stem}-plain.json"))
+            log("hostile pass: the same seed with hostile owners")
+        report = run(options)
     except Exception:
         traceback.print_exc()
         log("the chaos run could not be carried out")
         return 2
+    if baseline is not None:
+        report["plain_latency"] = comparison(
+            baseline["figures"]["plain_step_latency_s"], report["figures"]["plain_step_latency_s"]
+        )
+        report["failures"].update(
+            {f"plain pass: {name}": value for name, value in baseline["failures"].items()}
+        )
     write_json(report, args.report)
     print(table(report))
     print(f"report: {args.report}")

@@ -1,0 +1,52 @@
+"""Plain owners' step latency: how long a plain step waits for the fleet once it may start,
+the pace a hostile owner could take from everyone else.
+
+A step may start at its run's launch (the first step) or when the step before it ended; its
+latency is from then until the engine started it (``steps.started_at``). Only what the fleet
+decides is measured: a plain owner's root runs (not branch runs, whose admission is their
+parent's ``max_concurrency``), first attempts (a retry waits its backoff on purpose), scripted
+steps, and not the keyed scenarios (a run queued behind its concurrency key waits on purpose).
+The report compares the p99 of a plain pass with that of the same seed with hostile owners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from chaos.hostile import is_plain
+
+
+def plain_step_latencies(
+    runs: Mapping[str, Any],
+    steps: Mapping[str, Sequence[Any]],
+    scenario_of: Callable[[Any], str],
+) -> list[float]:
+    """Seconds from each measured plain step's readiness to its start."""
+    found: list[float] = []
+    for run_id, run in runs.items():
+        if run.parent_run_id is not None or not is_plain(run.owner):
+            continue
+        if scenario_of(run).startswith("keyed"):
+            continue
+        ready = run.created_at
+        for step in steps.get(run_id, []):
+            if (
+                step.provider == "scripted"
+                and step.attempt == 1
+                and step.started_at is not None
+                and ready is not None
+            ):
+                found.append(max(0.0, (step.started_at - ready).total_seconds()))
+            ready = step.finished_at
+            if ready is None:
+                break
+    return found
+
+
+def comparison(alone: dict[str, Any], beside: dict[str, Any]) -> dict[str, Any]:
+    """The plain pass's latency against the hostile pass's, and the ratio of their p99."""
+    ratio = None
+    if alone.get("p99") and beside.get("p99") is not None:
+        ratio = round(beside["p99"] / alone["p99"], 2)
+    return {"plain_alone": alone, "beside_hostile": beside, "p99_ratio": ratio}
