@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.population import RunPlan, _step
+from chaos.population import MAX_STEP_TIMEOUT, RunPlan
 from orchestration.core.errors import ValidationError
 from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
@@ -125,13 +125,19 @@ def _agent_flow(
 
 
 def _fanout_flow(rng: random.Random, items: int, concurrency: int) -> dict[str, Any]:
-    branch = _step("work", [["running", round(rng.uniform(0.2, 1.0), 2)], ["completed"]], rng)
-    branch.pop("id")
+    branch = {
+        "provider": "scripted",
+        "task": "work on {{ item }}",
+        "poll_interval": 0.3,
+        "max_poll_interval": 1.0,
+        "timeout": MAX_STEP_TIMEOUT,
+        "with": {"states": [["running", round(rng.uniform(0.2, 1.0), 2)], ["completed"]]},
+    }
     fan = {
         "id": "wide",
         "for_each": [f"item-{n}" for n in range(items)],
         "max_concurrency": concurrency,
-        "step": {**branch, "task": "work on {{ item }}"},
+        "step": branch,
     }
     return {"name": "hostile-fanout", "steps": [fan]}
 
@@ -192,17 +198,17 @@ class Storm:
         return {"name": name, "steps": [step], "schedule": {"every": self.every}}
 
     def register(self) -> None:
-        """Register schedules until ``size`` or the first refusal (a budget)."""
-        for n in range(self.size):
-            name = f"storm-{n:04d}"
+        """Register schedules until ``size`` or the first refusal (a budget). A floor on
+        ``every`` (the schedule pass's interval) refuses the first: it is then the smallest."""
+        while len(self.names) < self.size:
+            name = f"storm-{len(self.names):04d}"
             try:
                 self.orch.register_workflow(self._definition(name), owner=STORM_OWNER)
             except ValidationError as exc:
-                if not self.names and "every" in str(exc) and self.every == MIN_EVERY:
-                    # A floor on ``every`` (the schedule pass's interval): the smallest allowed.
-                    self.every = max(MIN_EVERY, math.ceil(self.orch.settings.schedule_interval))
-                    self.register()
-                    return
+                floor = max(MIN_EVERY, math.ceil(self.orch.settings.schedule_interval))
+                if not self.names and "every" in str(exc) and self.every < floor:
+                    self.every = floor
+                    continue
                 self.refusal = str(exc)[:300]
                 return
             self.names.append(name)

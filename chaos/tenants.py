@@ -73,7 +73,7 @@ def tenant_figures(audit: Audit, plans: list[RunPlan]) -> dict[str, Any]:
     refusals = {plan.label for plan in plans if plan.expect == REFUSED}
     written = sorted(label for label in refusals if label in audit.launched_ids())
     for label in written:
-        audit._violation("hostile_launches_not_refused", audit.label_of.get(label), label)
+        audit.violation("hostile_launches_not_refused", audit.label_of.get(label), label)
     labels = {plan.label for plan in plans}
     scheduled = [
         run
@@ -82,8 +82,8 @@ def tenant_figures(audit: Audit, plans: list[RunPlan]) -> dict[str, Any]:
     ]
     live = [run for run in scheduled if run.status in _LIVE]
     for run in live:
-        audit._violation("runs_lost", run.id, f"scheduled run still {run.status} at the end")
-    latencies = plain_step_latencies(audit.runs, audit.steps, audit._scenario_of)
+        audit.violation("runs_lost", run.id, f"scheduled run still {run.status} at the end")
+    latencies = plain_step_latencies(audit.runs, audit.steps, audit.scenario_of)
     return {
         "plain_runs_past_deadline": len(plain_missed),
         "hostile_launches_not_refused": len(written),
