@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.faults import KINDS
+from chaos.hostile import sized
 from chaos.latency import comparison
 from chaos.profiles import PROFILES
 from chaos.report import table, update_doc, write_json
@@ -65,6 +66,12 @@ def parser() -> argparse.ArgumentParser:
         "--plain", action="store_true", help="the plain population alone, without hostile owners"
     )
     parse.add_argument(
+        "--hostile-sizes",
+        default="",
+        help="override the profile's hostile sizes, e.g. storm_schedules=100,owner_runs=20 "
+        "(agent_runs, storm_schedules, fanouts, branches, owner_runs)",
+    )
+    parse.add_argument(
         "--no-baseline",
         action="store_true",
         help="skip the plain pass that the full profile runs first to compare step latency",
@@ -86,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
             faults=max(10, round(profile.faults * scale)),
             duration_limit=max(180.0, profile.duration_limit * scale),
         )
+    if args.hostile_sizes:
+        try:
+            profile = replace(profile, hostile=sized(profile.hostile, args.hostile_sizes))
+        except ValueError as exc:
+            parser().error(str(exc))
     if args.duration_limit is not None:
         profile = replace(profile, duration_limit=args.duration_limit)
     kinds = KINDS

@@ -22,7 +22,7 @@ import json
 import math
 import random
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chaos.population import MAX_STEP_TIMEOUT, RunPlan
@@ -64,6 +64,20 @@ class HostileSizes:
             "ORCH_MAX_BRANCHES": str(self.branches),
             "ORCH_MAX_ACTIVE_RUNS_PER_OWNER": str(self.owner_runs),
         }
+
+
+def sized(sizes: HostileSizes, spec: str) -> HostileSizes:
+    """``sizes`` with the fields ``spec`` names (``storm_schedules=100,owner_runs=20``) set;
+    raises ``ValueError`` naming a field that is not one, or a value that is not a count."""
+    values = asdict(sizes)
+    for part in filter(None, (piece.strip() for piece in spec.split(","))):
+        name, _, value = part.partition("=")
+        if name not in values:
+            raise ValueError(f"--hostile-sizes: {name!r} is not one of {', '.join(values)}")
+        if not value.isdigit():
+            raise ValueError(f"--hostile-sizes: {name}={value!r} is not a count")
+        values[name] = int(value)
+    return HostileSizes(**values)
 
 
 def is_plain(owner: str) -> bool:

@@ -43,7 +43,7 @@ from chaos.population import plan_population
 from chaos.profiles import CHAOS_SETTINGS, Profile
 from chaos.report import failures
 from chaos.services import ChaosDatabase, PrivateRedis, RabbitVhost
-from chaos.tenants import secrets_stored, tenant_figures
+from chaos.tenants import schedule_fires, secrets_stored, tenant_figures
 from orchestration.core.settings import Settings
 
 _LIVE = ["queued", "running", "waiting", "parked", "cancelling"]
@@ -327,6 +327,7 @@ def run(options: Options) -> dict[str, Any]:
                 "sizes": asdict(sizes),
                 "servers": agents.describe() if agents is not None else [],
                 "storm": storm.describe() if storm is not None else None,
+                "schedules": schedule_fires(observer),
                 "refused": dict(driver.records.refused),
             },
             "excused_windows": [[round(a, 3), round(b, 3)] for a, b in excused],
@@ -343,7 +344,9 @@ def run(options: Options) -> dict[str, Any]:
                 f"--seed {options.seed} --broker {options.broker} "
                 f"--database {_redact(options.database)}"
                 + (f" --faults {','.join(options.kinds)}" if options.kinds != KINDS else "")
-                + ("" if options.hostile else " --plain")
+                + (" --no-baseline" if options.hostile else " --plain")
+                + " --hostile-sizes "
+                + ",".join(f"{k}={v}" for k, v in asdict(sizes).items())
             ),
         }
         report["failures"] = failures(report)

@@ -65,6 +65,51 @@ def secrets_stored(engine: Engine, secret: str, logs: Path) -> int:
     return count
 
 
+def schedule_fires(engine: Engine) -> dict[str, Any]:
+    """The schedules' fires per owner and status, and how late each fire was recorded after
+    its instant (seconds): the storm's own, and any plain owner's beside it."""
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT owner, status, fire_at, recorded_at FROM schedule_fires")
+        ).all()
+    counts: dict[str, dict[str, int]] = {}
+    late: list[float] = []
+    for row in rows:
+        by_status = counts.setdefault(row.owner, {})
+        by_status[row.status] = by_status.get(row.status, 0) + 1
+        late.append((row.recorded_at - row.fire_at).total_seconds())
+    return {"fires": counts, "fire_lateness_s": percentiles(late)}
+
+
+def _peak(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    peak = live = 0
+    for _, step in edges:
+        live += step
+        peak = max(peak, live)
+    return peak
+
+
+def peak_live_runs(audit: Audit) -> dict[str, dict[str, int]]:
+    """Per owner, the most runs live at once: its own runs, and with their branch runs
+    (which ``ORCH_MAX_ACTIVE_RUNS_PER_OWNER`` is to count): what a per-owner budget must fit."""
+    spans: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for run_id, run in audit.runs.items():
+        if run.created_at is None:
+            continue
+        end = run.finished_at.timestamp() if run.finished_at is not None else audit.ended_at
+        span = (run.created_at.timestamp(), end)
+        owner = spans.setdefault(_root_owner(audit, run_id), {"runs": [], "with_branches": []})
+        owner["with_branches"].append(span)
+        if run.parent_run_id is None:
+            owner["runs"].append(span)
+    return {
+        owner: {kind: _peak(found) for kind, found in kinds.items()}
+        for owner, kinds in sorted(spans.items())
+    }
+
+
 def tenant_figures(audit: Audit, plans: list[RunPlan]) -> dict[str, Any]:
     """The tenant figures that come from the database and the driver (call after
     :meth:`Audit.figures`, which finds the missed deadlines); adds the scheduled runs still
@@ -94,4 +139,5 @@ def tenant_figures(audit: Audit, plans: list[RunPlan]) -> dict[str, Any]:
         "scheduled_runs": len(scheduled),
         "scheduled_runs_live": len(live),
         "plain_step_latency_s": percentiles(latencies),
+        "peak_live_runs": peak_live_runs(audit),
     }
