@@ -26,6 +26,7 @@ from chaos.hostile import (
     HostileSizes,
     is_plain,
     plan_hostile,
+    sized,
 )
 from orchestration.core.errors import RetryableProviderError, ValidationError
 from orchestration.core.settings import Settings
@@ -127,3 +128,13 @@ def test_the_hostile_plan_sits_at_the_budgets(agents: HostileAgents) -> None:
         "hostile_fanout_over_budget",
     }
     assert sum(1 for plan in plans if plan.scenario == "hostile_echo") == SIZES.agent_runs
+
+
+def test_hostile_sizes_are_set_by_name_and_a_wrong_name_is_refused() -> None:
+    raised = sized(SIZES, "storm_schedules=100, owner_runs=20")
+    assert (raised.storm_schedules, raised.owner_runs, raised.branches) == (100, 20, 7)
+    assert raised.settings()["ORCH_MAX_ACTIVE_RUNS_PER_OWNER"] == "20"
+    with pytest.raises(ValueError, match="'storm' is not one of agent_runs"):
+        sized(SIZES, "storm=3")
+    with pytest.raises(ValueError, match="branches='-1' is not a count"):
+        sized(SIZES, "branches=-1")
