@@ -5,13 +5,15 @@ A step may start at its run's launch (the first step) or when the step before it
 latency is from then until the engine started it (``steps.started_at``). Only what the fleet
 decides is measured: a plain owner's root runs (not branch runs, whose admission is their
 parent's ``max_concurrency``), first attempts (a retry waits its backoff on purpose), scripted
-steps, and not the keyed scenarios (a run queued behind its concurrency key waits on purpose).
+steps, not the keyed scenarios (a run queued behind its concurrency key waits on purpose), and
+not the runs a fault struck (a run whose worker was killed waits for the heartbeat timeout: at
+the CI profile's size those few waits are the p99, whatever else runs beside them).
 The report compares the p99 of a plain pass with that of the same seed with hostile owners.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from chaos.hostile import is_plain
@@ -21,11 +23,12 @@ def plain_step_latencies(
     runs: Mapping[str, Any],
     steps: Mapping[str, Sequence[Any]],
     scenario_of: Callable[[Any], str],
+    struck: Collection[str] = (),
 ) -> list[float]:
     """Seconds from each measured plain step's readiness to its start."""
     found: list[float] = []
     for run_id, run in runs.items():
-        if run.parent_run_id is not None or not is_plain(run.owner):
+        if run.parent_run_id is not None or not is_plain(run.owner) or run_id in struck:
             continue
         if scenario_of(run).startswith("keyed"):
             continue

@@ -128,7 +128,8 @@ def tenant_figures(audit: Audit, plans: list[RunPlan]) -> dict[str, Any]:
     live = [run for run in scheduled if run.status in _LIVE]
     for run in live:
         audit.violation("runs_lost", run.id, f"scheduled run still {run.status} at the end")
-    latencies = plain_step_latencies(audit.runs, audit.steps, audit.scenario_of)
+    struck = {run_id for fault in audit.faults if fault.injected for run_id in fault.runs}
+    latencies = plain_step_latencies(audit.runs, audit.steps, audit.scenario_of, struck)
     return {
         "plain_runs_past_deadline": len(plain_missed),
         "hostile_launches_not_refused": len(written),
