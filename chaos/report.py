@@ -82,7 +82,8 @@ def table(report: dict[str, Any]) -> str:
             "",
             f"plain step latency p50/p99 (s): alone {_fmt(alone['p50'])}/{_fmt(alone['p99'])}, "
             f"beside hostile owners {_fmt(beside['p50'])}/{_fmt(beside['p99'])}; "
-            f"p99 ratio {_fmt(latency['p99_ratio'])}",
+            f"ratio p50 {_fmt(latency['p50_ratio'])}, p90 {_fmt(latency['p90_ratio'])}, "
+            f"p99 {_fmt(latency['p99_ratio'])}",
         ]
     bad = report.get("failures", failures(report))
     lines += ["", "RESULT: " + ("FAIL " + json.dumps(bad) if bad else "all must-be-zero are 0")]

@@ -28,6 +28,7 @@ from chaos.hostile import (
     plan_hostile,
     sized,
 )
+from chaos.latency import comparison
 from orchestration.core.errors import RetryableProviderError, ValidationError
 from orchestration.core.settings import Settings
 from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest
@@ -138,3 +139,11 @@ def test_hostile_sizes_are_set_by_name_and_a_wrong_name_is_refused() -> None:
         sized(SIZES, "storm=3")
     with pytest.raises(ValueError, match="branches='-1' is not a count"):
         sized(SIZES, "branches=-1")
+
+
+def test_the_latency_comparison_gives_each_percentile_ratio() -> None:
+    alone = {"n": 70, "p50": 0.04, "p90": 1.5, "p99": 8.0}
+    beside = {"n": 72, "p50": 0.2, "p90": 3.0, "p99": 6.0}
+    found = comparison(alone, beside)
+    assert (found["p50_ratio"], found["p90_ratio"], found["p99_ratio"]) == (5.0, 2.0, 0.75)
+    assert comparison({**alone, "p50": 0.0}, beside)["p50_ratio"] is None
