@@ -38,7 +38,11 @@ CHAOS_SETTINGS: dict[str, str] = {
 #: fan-out of 12 branches.
 CI_HOSTILE = HostileSizes(agent_runs=1, storm_schedules=5, fanouts=1, branches=12, owner_runs=40)
 #: Raise these with the per-owner budgets (schedules per owner, live turns) as they land.
-FULL_HOSTILE = HostileSizes(agent_runs=4, storm_schedules=60, fanouts=3, branches=48, owner_runs=40)
+#: Once branch runs count toward ``ORCH_MAX_ACTIVE_RUNS_PER_OWNER``, it must hold two of the
+#: fan-outs (49 runs each) at once, so that ``ORCH_MAX_BRANCHES`` is the budget they sit at.
+FULL_HOSTILE = HostileSizes(
+    agent_runs=4, storm_schedules=60, fanouts=3, branches=48, owner_runs=100
+)
 
 
 @dataclass(frozen=True)
