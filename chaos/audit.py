@@ -134,6 +134,12 @@ MUST_BE_ZERO = (
     "journal_breaks",
     "terminal_runs_with_live_steps",
     "writes_after_takeover",
+    # The tenant figures (:mod:`chaos.tenants`, :mod:`chaos.memory`, :mod:`chaos.hostile`).
+    "plain_runs_past_deadline",
+    "secrets_seen_by_hostile_servers",
+    "secrets_stored",
+    "hostile_launches_not_refused",
+    "worker_memory_over_bound",
 )
 
 _RUN_END = {status.value for status in RUN_TERMINAL}
@@ -275,21 +281,24 @@ class Audit:
         self.violations: list[dict[str, Any]] = []
         self.lateness: list[float] = []
         self.net_lateness: list[float] = []
+        #: Runs that missed a deadline (set by :meth:`deadlines`).
+        self.missed: set[str] = set()
 
     # -- helpers ----------------------------------------------------------------------------
-    def _scenario_of(self, run: Any) -> str:
+    def scenario_of(self, run: Any) -> str:
         """The scenario a run was launched for; a branch run's is its parent's, marked."""
         if run.parent_run_id is not None:
             parent = self.runs.get(run.parent_run_id)
-            return f"{self._scenario_of(parent) if parent else '?'} (branch runs)"
-        return self.scenario.get(run.request_id, "?")
+            return f"{self.scenario_of(parent) if parent else '?'} (branch runs)"
+        # A run nobody planned is a schedule's fire (the storm's).
+        return self.scenario.get(run.request_id) or f"scheduled ({run.owner})"
 
-    def _violation(self, figure: str, run_id: str | None, detail: str) -> None:
+    def violation(self, figure: str, run_id: str | None, detail: str) -> None:
         entry: dict[str, Any] = {"figure": figure, "run_id": run_id, "detail": detail}
         run = self.runs.get(run_id) if run_id else None
         if run is not None and run_id is not None:
             entry["label"] = run.request_id
-            entry["scenario"] = self._scenario_of(run)
+            entry["scenario"] = self.scenario_of(run)
             entry["status"] = f"{run.status}/{run.stop_reason}"
             entry["journal"] = [
                 f"{e.at.isoformat()} {e.step_id or 'run'}: {e.from_status} -> {e.to_status} "
@@ -343,7 +352,8 @@ class Audit:
                 stated_at = write.at if write is not None else 0.0
             if worst > -math.inf:
                 missed += 1
-                self._violation(
+                self.missed.add(run_id)
+                self.violation(
                     "deadline_misses",
                     run_id,
                     f"a deadline stated at {stated:.3f} for {deadline:.3f} was answered at "
@@ -403,7 +413,7 @@ class Audit:
                 ends = _STEP_END if event.step_id else _RUN_END
                 if event.from_status in ends:
                     count += 1
-                    self._violation(
+                    self.violation(
                         "terminal_exits",
                         run_id,
                         f"{event.step_id or 'run'} left {event.from_status} for {event.to_status}",
@@ -418,7 +428,7 @@ class Audit:
                 expected = last.get(event.step_id, None if event.step_id is None else "pending")
                 if event.from_status != expected:
                     count += 1
-                    self._violation(
+                    self.violation(
                         "journal_breaks",
                         run_id,
                         f"{event.step_id or 'run'}: {event.from_status} -> {event.to_status} "
@@ -431,7 +441,7 @@ class Audit:
         """See :mod:`chaos.fencing`; returns the number of writes made after a takeover."""
         found = writes_after_takeover(self.all_writes, cuts_of(self.faults))
         for line in found:
-            self._violation("writes_after_takeover", line.split(":", 1)[0], line)
+            self.violation("writes_after_takeover", line.split(":", 1)[0], line)
         return len(found)
 
     def live_steps_in_ended_runs(self) -> int:
@@ -441,7 +451,7 @@ class Audit:
                 for step in self.steps[run_id]:
                     if step.status not in _STEP_END:
                         count += 1
-                        self._violation(
+                        self.violation(
                             "terminal_runs_with_live_steps",
                             run_id,
                             f"step {step.step_id} is {step.status}",
@@ -470,7 +480,7 @@ class Audit:
             attempt = int(attempt_text) if attempt_text.isdigit() else -1
             if step is None or not 1 <= attempt <= step.attempt:
                 figures["turns_unrecorded_attempt"] += 1
-                self._violation(
+                self.violation(
                     "turns_unrecorded_attempt", run_id, f"turn {turn.key} was never recorded"
                 )
         for key, journalled in self.calls.items():
@@ -488,7 +498,7 @@ class Audit:
             starts = [call for call in calls if call.outcome == "started"]
             if len(starts) > 1:
                 figures["turns_duplicated"] += len(starts) - 1
-                self._violation(
+                self.violation(
                     "turns_duplicated",
                     run_id,
                     f"{len(starts)} start calls began turn {key}: "
@@ -500,7 +510,7 @@ class Audit:
                     figures["turns_restarted_explained"] += 1
                 else:
                     figures["turns_restarted_unexplained"] += 1
-                    self._violation(
+                    self.violation(
                         "turns_restarted_unexplained",
                         run_id,
                         f"start of {key} called again at {call.called_at.timestamp():.3f} "
@@ -511,7 +521,7 @@ class Audit:
                 called = call.called_at.timestamp()
                 if call.outcome == "tombstone":
                     figures["turns_started_after_cancel"] += 1
-                    self._violation(
+                    self.violation(
                         "turns_started_after_cancel",
                         run_id,
                         f"start of {key} at {called:.3f} hit a cancel's tombstone",
@@ -522,7 +532,7 @@ class Audit:
                     and called > stop[0] + CLOCK_RESOLUTION
                 ):
                     figures["turns_started_after_cancel"] += 1
-                    self._violation(
+                    self.violation(
                         "turns_started_after_cancel",
                         run_id,
                         f"start of {key} began a turn {called - stop[0]:.3f}s after {stop[1]}",
@@ -534,7 +544,7 @@ class Audit:
                     and not claimed_before(end[0])
                 ):
                     figures["turns_started_after_cancel"] += 1
-                    self._violation(
+                    self.violation(
                         "turns_started_after_cancel",
                         run_id,
                         f"start of {key} began a turn {called - end[0]:.3f}s after {end[1]}, "
@@ -547,7 +557,7 @@ class Audit:
                     and not claimed_before(requested)
                 ):
                     figures["turns_started_after_cancel"] += 1
-                    self._violation(
+                    self.violation(
                         "turns_started_after_cancel",
                         run_id,
                         f"start of {key} began a turn {called - requested:.3f}s after the "
@@ -628,7 +638,7 @@ class Audit:
                 errors += 1
             elif not call.graceful and call.status not in _RUN_END:
                 nonterminal += 1
-                self._violation(
+                self.violation(
                     "cancels_returned_nonterminal",
                     call.run_id,
                     f"{call.kind} cancel ({call.process}) returned {call.status}",
@@ -645,10 +655,10 @@ class Audit:
             run = self.runs.get(run_id)
             if run is None:
                 count += 1
-                self._violation("runs_lost", run_id, f"{label} launched but not in the database")
+                self.violation("runs_lost", run_id, f"{label} launched but not in the database")
             elif run.status not in _RUN_END:
                 count += 1
-                self._violation("runs_lost", run_id, f"{label} still {run.status} at the end")
+                self.violation("runs_lost", run_id, f"{label} still {run.status} at the end")
         return count
 
     def convergence(self) -> dict[str, Any]:
@@ -695,7 +705,7 @@ class Audit:
         by_status = Counter(f"{run.status}/{run.stop_reason}" for run in self.runs.values())
         by_scenario: dict[str, Counter[str]] = defaultdict(Counter)
         for run in self.runs.values():
-            by_scenario[self._scenario_of(run)][run.status] += 1
+            by_scenario[self.scenario_of(run)][run.status] += 1
         return {
             "by_status": dict(sorted(by_status.items())),
             "by_scenario": {k: dict(v) for k, v in sorted(by_scenario.items())},

@@ -13,8 +13,11 @@ import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from chaos.faults import KINDS
+from chaos.hostile import sized
+from chaos.latency import comparison
 from chaos.profiles import PROFILES
 from chaos.report import table, update_doc, write_json
 from chaos.runner import Options, log, run
@@ -59,6 +62,20 @@ def parser() -> argparse.ArgumentParser:
         help=f"comma-separated fault kinds to inject (default: all of {', '.join(KINDS)})",
     )
     parse.add_argument("--keep-logs", action="store_true", help="keep the worker logs folder")
+    parse.add_argument(
+        "--plain", action="store_true", help="the plain population alone, without hostile owners"
+    )
+    parse.add_argument(
+        "--hostile-sizes",
+        default="",
+        help="override the profile's hostile sizes, e.g. storm_schedules=100,owner_runs=20 "
+        "(agent_runs, storm_schedules, fanouts, branches, owner_runs)",
+    )
+    parse.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the plain pass that the full profile runs first to compare step latency",
+    )
     return parse
 
 
@@ -76,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
             faults=max(10, round(profile.faults * scale)),
             duration_limit=max(180.0, profile.duration_limit * scale),
         )
+    if args.hostile_sizes:
+        try:
+            profile = replace(profile, hostile=sized(profile.hostile, args.hostile_sizes))
+        except ValueError as exc:
+            parser().error(str(exc))
     if args.duration_limit is not None:
         profile = replace(profile, duration_limit=args.duration_limit)
     kinds = KINDS
@@ -86,12 +108,28 @@ def main(argv: list[str] | None = None) -> int:
             parser().error(f"--faults: unknown kinds {unknown}; known: {', '.join(KINDS)}")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     log(f"seed {seed} (reproduce with --seed {seed})")
+    options = Options(
+        profile, seed, args.broker, args.database, args.keep_logs, kinds, hostile=not args.plain
+    )
+    baseline: dict[str, Any] | None = None
     try:
-        report = run(Options(profile, seed, args.broker, args.database, args.keep_logs, kinds))
+        if options.hostile and profile.baseline and not args.no_baseline:
+            log("plain pass: the plain population alone, for the step latency it keeps")
+            baseline = run(replace(options, hostile=False))
+            write_json(baseline, args.report.with_name(f"{args.report.stem}-plain.json"))
+            log("hostile pass: the same seed with hostile owners")
+        report = run(options)
     except Exception:
         traceback.print_exc()
         log("the chaos run could not be carried out")
         return 2
+    if baseline is not None:
+        report["plain_latency"] = comparison(
+            baseline["figures"]["plain_step_latency_s"], report["figures"]["plain_step_latency_s"]
+        )
+        report["failures"].update(
+            {f"plain pass: {name}": value for name, value in baseline["failures"].items()}
+        )
     write_json(report, args.report)
     print(table(report))
     print(f"report: {args.report}")

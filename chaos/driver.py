@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 
 from chaos.duplicating import DuplicatingQueue
 from chaos.population import RunPlan
-from orchestration.core.errors import ConflictError, OrchestrationError
+from orchestration.core.errors import ConflictError, OrchestrationError, ValidationError
 from orchestration.core.settings import Settings
 from orchestration.providers.scripted import ScriptedProvider
 from orchestration.runs.chains import plan_chain
@@ -70,6 +70,8 @@ class Records:
     launched: dict[str, str] = field(default_factory=dict)
     launch_errors: dict[str, str] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)
+    #: Launches refused as invalid or over a budget (label -> the error), written nowhere.
+    refused: dict[str, str] = field(default_factory=dict)
     cancels: list[CancelCall] = field(default_factory=list)
     answers: dict[str, str] = field(default_factory=dict)
     resends: list[str] = field(default_factory=list)
@@ -175,6 +177,10 @@ class Driver:
         except ConflictError:
             with self.records.lock:
                 self.records.rejected.append(plan.label)
+            return None
+        except ValidationError as exc:
+            with self.records.lock:
+                self.records.refused[plan.label] = str(exc)[:300]
             return None
         except Exception as exc:  # recorded and audited: a launch must not be lost silently
             with self.records.lock:

@@ -75,7 +75,17 @@ def table(report: dict[str, Any]) -> str:
             f"{_fmt(recover['p50']):>8}/{_fmt(recover['p90']):>7}/{_fmt(recover['max']):>8}  "
             f"{_fmt(ended['p50']):>8}/{_fmt(ended['p90']):>7}/{_fmt(ended['max']):>8}"
         )
-    bad = failures(report)
+    latency = report.get("plain_latency")
+    if latency:
+        alone, beside = latency["plain_alone"], latency["beside_hostile"]
+        lines += [
+            "",
+            f"plain step latency p50/p99 (s): alone {_fmt(alone['p50'])}/{_fmt(alone['p99'])}, "
+            f"beside hostile owners {_fmt(beside['p50'])}/{_fmt(beside['p99'])}; "
+            f"ratio p50 {_fmt(latency['p50_ratio'])}, p90 {_fmt(latency['p90_ratio'])}, "
+            f"p99 {_fmt(latency['p99_ratio'])}",
+        ]
+    bad = report.get("failures", failures(report))
     lines += ["", "RESULT: " + ("FAIL " + json.dumps(bad) if bad else "all must-be-zero are 0")]
     return "\n".join(lines)
 

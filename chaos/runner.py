@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,15 +32,18 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
 from chaos.audit import MUST_BE_ZERO, TOLERANCE, Audit, instrument
-from chaos.driver import Driver
+from chaos.driver import Driver, retrying
 from chaos.faults import KINDS, RECONNECT, Injector, fault_plan
 from chaos.fleet import WORKERS, Fleet, app_name
+from chaos.hostile import HostileAgents, Storm, plan_hostile
+from chaos.memory import MemoryWatch
 from chaos.netns import Network, probe
 from chaos.partitions import PARTITION_KINDS, Partitions
 from chaos.population import plan_population
 from chaos.profiles import CHAOS_SETTINGS, Profile
 from chaos.report import failures
 from chaos.services import ChaosDatabase, PrivateRedis, RabbitVhost
+from chaos.tenants import schedule_fires, secrets_stored, tenant_figures
 from orchestration.core.settings import Settings
 
 _LIVE = ["queued", "running", "waiting", "parked", "cancelling"]
@@ -56,6 +59,8 @@ class Options:
     database: str
     keep_logs: bool = False
     kinds: tuple[str, ...] = KINDS
+    #: Launch the profile's hostile owners beside the plain population.
+    hostile: bool = True
 
 
 def log(message: str) -> None:
@@ -95,12 +100,12 @@ def _broker(spec: str, folder: Path) -> tuple[Any, str, dict[str, str]]:
     raise ValueError(f"--broker {spec!r}: expected own-redis, redis://... or amqp://...")
 
 
-def _live(observer: Engine, run_ids: list[str]) -> int:
+def _live(observer: Engine) -> int:
+    """Live runs of any kind: launched, scheduled, branch."""
     with observer.connect() as connection:
         return int(
             connection.execute(
-                text("SELECT count(*) FROM runs WHERE id = ANY(:ids) AND status = ANY(:live)"),
-                {"ids": run_ids, "live": _LIVE},
+                text("SELECT count(*) FROM runs WHERE status = ANY(:live)"), {"live": _LIVE}
             ).scalar()
             or 0
         )
@@ -136,12 +141,16 @@ def run(options: Options) -> dict[str, Any]:
     plan_rng = random.Random(options.seed)
     plans = plan_population(plan_rng, profile.runs, profile.window)
     kinds = fault_plan(plan_rng, profile.faults, options.kinds)
+    sizes = profile.hostile
     phases: dict[str, float] = {}
     broker: Any = None
     database: ChaosDatabase | None = None
     fleet: Fleet | None = None
     network: Network | None = None
     driver: Driver | None = None
+    agents: HostileAgents | None = None
+    memory: MemoryWatch | None = None
+    storm: Storm | None = None
     engines: list[Engine] = []
     report: dict[str, Any] = {}
     stop = threading.Event()
@@ -157,10 +166,16 @@ def run(options: Options) -> dict[str, Any]:
         env = {
             **os.environ,
             **CHAOS_SETTINGS,
+            **sizes.settings(),
             "ORCH_BROKER_URL": broker_url,
             "ORCH_QUEUE": queue,
             "ORCH_DATABASE_URL": database.url("chaos-driver"),
         }
+        if options.hostile:
+            oversize = int(env["ORCH_MAX_OUTPUT_BYTES"]) + 65536
+            agents = HostileAgents(oversize)
+            agents.start()
+            env.update(agents.env())
         settings = Settings.model_validate(
             {key[5:].lower(): value for key, value in env.items() if key.startswith("ORCH_")}
         )
@@ -171,7 +186,16 @@ def run(options: Options) -> dict[str, Any]:
         engines += [observer, lock_engine]
         fleet = Fleet(env, folder, queue, {w: database.url(app_name(w)) for w in WORKERS})
         fleet.start()
+        memory = MemoryWatch(fleet)
+        memory.start()
         driver = Driver(settings, random.Random(options.seed + 1))
+        if agents is not None:
+            hostile_rng = random.Random(options.seed + 3)
+            plans = sorted(
+                plans + plan_hostile(hostile_rng, sizes, agents, settings, profile.window),
+                key=lambda plan: plan.at,
+            )
+            storm = Storm(driver.orch, sizes.storm_schedules)
         pg_url = make_url(database.url("chaos-driver")).set(drivername="postgresql")
         network, network_info = _network(
             options.kinds,
@@ -209,6 +233,9 @@ def run(options: Options) -> dict[str, Any]:
         )
 
         # -- launch and faults ------------------------------------------------------------
+        if storm is not None:
+            storm.register()
+            log(f"schedule storm: {storm.describe()}")
         launch_start = time.time()
         launcher = threading.Thread(
             target=driver.run, args=(plans, launch_start, stop), name="chaos-launch", daemon=True
@@ -230,6 +257,8 @@ def run(options: Options) -> dict[str, Any]:
             if time.time() > hard_stop - 30:
                 stop.set()
         phases["launch_s"] = time.time() - launch_start
+        if storm is not None:
+            retrying(storm.pause)
         injected = sum(1 for fault in injector.faults if fault.injected)
         log(f"launch phase done: {injected}/{len(injector.faults)} faults injected")
 
@@ -248,8 +277,7 @@ def run(options: Options) -> dict[str, Any]:
             log(f"follow-ups did not all finish: {type(exc).__name__}")
         live = -1
         while time.time() < hard_stop:
-            run_ids = list(driver.records.launched.values())
-            live = _live(observer, run_ids)
+            live = _live(observer)
             if live == 0:
                 break
             fleet.supervise()
@@ -258,6 +286,7 @@ def run(options: Options) -> dict[str, Any]:
         phases["drain_s"] = ended_at - drain_start
         log(f"drain done in {phases['drain_s']:.1f}s ({max(live, 0)} runs still live)")
         time.sleep(2.0)  # late writes (a zombie, a redelivery) land before the audit reads
+        memory.stop()
         fleet.shutdown()
 
         # -- audit ------------------------------------------------------------------------
@@ -266,6 +295,15 @@ def run(options: Options) -> dict[str, Any]:
         audit = Audit(observer, driver.records, plans, injector.faults, excused, ended_at)
         figures = audit.figures()
         figures["worker_crashes"] = len(fleet.crashes)
+        tenants = tenant_figures(audit, plans)
+        figures["runs_lost"] += tenants["scheduled_runs_live"]
+        figures.update(tenants)
+        figures.update(memory.figures())
+        figures["secrets_seen_by_hostile_servers"] = 0
+        figures["secrets_stored"] = 0
+        if agents is not None:
+            figures.update(agents.figures())
+            figures["secrets_stored"] = secrets_stored(observer, agents.secret, folder)
         phases["audit_s"] = time.time() - audit_start
         report = {
             "seed": options.seed,
@@ -284,6 +322,14 @@ def run(options: Options) -> dict[str, Any]:
             "outcomes": audit.outcomes(),
             "faults": audit.convergence(),
             "partitions": network_info,
+            "hostile": {
+                "on": agents is not None,
+                "sizes": asdict(sizes),
+                "servers": agents.describe() if agents is not None else [],
+                "storm": storm.describe() if storm is not None else None,
+                "schedules": schedule_fires(observer),
+                "refused": dict(driver.records.refused),
+            },
             "excused_windows": [[round(a, 3), round(b, 3)] for a, b in excused],
             "fault_log": [fault.as_dict() for fault in injector.faults],
             "worker_crashes": [
@@ -298,6 +344,9 @@ def run(options: Options) -> dict[str, Any]:
                 f"--seed {options.seed} --broker {options.broker} "
                 f"--database {_redact(options.database)}"
                 + (f" --faults {','.join(options.kinds)}" if options.kinds != KINDS else "")
+                + (" --no-baseline" if options.hostile else " --plain")
+                + " --hostile-sizes "
+                + ",".join(f"{k}={v}" for k, v in asdict(sizes).items())
             ),
         }
         report["failures"] = failures(report)
@@ -309,8 +358,12 @@ def run(options: Options) -> dict[str, Any]:
             driver.stop.set()
         for thread in threads:
             thread.join(timeout=30)
+        if memory is not None:
+            memory.stop()
         if fleet is not None:
             fleet.shutdown()
+        if agents is not None:
+            agents.stop()
         if network is not None:
             network.close()
         if driver is not None:

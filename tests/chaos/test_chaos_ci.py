@@ -12,6 +12,10 @@ Each leg runs the whole suite in a subprocess, as a developer would, against Pos
   (30 minutes by default); a countdown is held unacknowledged by the worker until it is due,
   and chaos countdowns are at most 2 s, so the default is far away (see docs/reliability.md).
 
+Both legs launch the CI profile's hostile owners beside the plain ones (``chaos.hostile``:
+agents that drip, answer 102 for ever, send an oversized output or echo the secret; a schedule
+storm; a fan-out at ``ORCH_MAX_BRANCHES``), and check that they did their worst.
+
 Both legs include the partition faults (``chaos.partitions``: a worker and the beat in a network
 namespace, their link cut, cut one way, slowed) where the machine allows namespaces; where it
 does not, the report says why and the leg asserts that each was skipped with that reason.
@@ -104,6 +108,7 @@ def test_ci_profile_keeps_every_promise(leg: str, tmp_path: Path) -> None:
     assert not nonzero, f"must-be-zero figures are not 0: {nonzero}\n{_explain(report)}"
     assert done.returncode == 0
     _check_partitions(report)
+    _check_hostile(report)
 
 
 def _check_partitions(report: dict[str, Any]) -> None:
@@ -122,3 +127,21 @@ def _check_partitions(report: dict[str, Any]) -> None:
     struck = {kind for kind, data in kinds.items() if data.get("injected")}
     assert {"beat_cut", "net_slow"} <= struck, f"struck only {struck}: {report['fault_log']}"
     assert struck & {"net_cut", "net_oneway"}, f"no worker was cut off: {report['fault_log']}"
+
+
+def _check_hostile(report: dict[str, Any]) -> None:
+    """The hostile owners were there and did their worst: every hostile server was called,
+    the echo agent (the secret's bound host) saw the secret, the misbound secret and the
+    fan-out one over budget were refused, the fan-out at budget ran all its branches, and the
+    storm's schedules fired."""
+    hostile, figures = report["hostile"], report["figures"]
+    assert hostile["on"] is True
+    assert all(server["requests"] > 0 for server in hostile["servers"]), hostile["servers"]
+    assert figures["secrets_seen_by_bound_server"] > 0
+    assert figures["launches_refused"] >= 2 and figures["plain_launches_refused"] == 0
+    branches = report["outcomes"]["by_scenario"].get("hostile_fanout_at_budget (branch runs)")
+    assert (
+        sum((branches or {}).values()) == hostile["sizes"]["branches"] * hostile["sizes"]["fanouts"]
+    )
+    assert hostile["storm"]["registered"] > 0 and figures["scheduled_runs"] > 0
+    assert figures["worker_rss_samples"] > 0
