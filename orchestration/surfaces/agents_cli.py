@@ -18,7 +18,7 @@ from orchestration.surfaces.cli_common import console, dump, failed
 from orchestration.workflows import agents
 
 agents_app = typer.Typer(
-    help="The agents workflow steps may name (agent: NAME): the operator's registry.",
+    help="The operator's agent registry.\n\nThe agents that steps name (agent: NAME).",
     no_args_is_help=True,
     rich_markup_mode=None,
 )

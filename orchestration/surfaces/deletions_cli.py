@@ -81,7 +81,9 @@ def deletions(
     limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
     as_json: AsJson = False,
 ) -> None:
-    """List the runs owners deleted, newest first (an operator's audit)."""
+    """List the runs owners deleted, newest first.
+
+    An operator's audit: what each run was, when and through what it was deleted."""
     from orchestration.runs import deletion
 
     try:

@@ -55,9 +55,10 @@ def suspend(
     by: By = None,
     as_json: AsJson = False,
 ) -> None:
-    """Suspend an owner: its launches, schedule fires, registrations and tokens are refused.
+    """Suspend an owner: nothing new of it is admitted.
 
-    Its live runs go on unless --cancel-live is given."""
+    Its launches, schedule fires, registrations and tokens are refused; its live runs go on
+    unless --cancel-live is given."""
     from orchestration.core.db import utcnow
     from orchestration.core.followups import Done
     from orchestration.limits import suspensions
@@ -99,9 +100,9 @@ def _progress(count: int) -> None:
 
 
 def resume(owner: OwnerName, by: By = None, as_json: AsJson = False) -> None:
-    """Resume a suspended owner: its launches, schedules and tokens work again.
+    """Resume a suspended owner.
 
-    Fires missed while it was suspended stay recorded as refused."""
+    Its launches, schedules and tokens work again. Fires missed while it was suspended stay recorded as refused."""
     from orchestration.core.db import utcnow
     from orchestration.core.followups import Done
     from orchestration.limits import suspensions

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from orchestration.runtime.executor import Executor
 
 owners_app = typer.Typer(
-    help="Owners: their budgets (an owner's own values and its use), suspend and resume.",
+    help="Owners: budgets and use, suspend and resume.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )

@@ -136,7 +136,8 @@ def applied(specs: Iterable[StepSpec], kept: Mapping[str, Any] | None) -> tuple[
 def named(workflow: Any) -> set[str]:
     """The agent names a workflow's steps (their branches too) say, before validation."""
     found: set[str] = set()
-    todo = list(workflow.get("steps") or []) if isinstance(workflow, Mapping) else []
+    steps = workflow.get("steps") if isinstance(workflow, Mapping) else None
+    todo = list(steps) if isinstance(steps, list) else []
     while todo:
         step = todo.pop()
         if not isinstance(step, Mapping):
