@@ -102,7 +102,8 @@ def _progress(count: int) -> None:
 def resume(owner: OwnerName, by: By = None, as_json: AsJson = False) -> None:
     """Resume a suspended owner.
 
-    Its launches, schedules and tokens work again. Fires missed while it was suspended stay recorded as refused."""
+    Its launches, schedules and tokens work again. Fires missed while it was suspended stay
+    recorded as refused."""
     from orchestration.core.db import utcnow
     from orchestration.core.followups import Done
     from orchestration.limits import suspensions
