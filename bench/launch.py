@@ -42,9 +42,10 @@ LIVE = 10_000
 #: ``LIVE`` queued runs of one owner, in one statement (the columns a run cannot be without).
 _BULK_LIVE = text(
     "INSERT INTO runs (id, owner, request_id, fingerprint, workflow_name, workflow, args, "
-    "status, created_at, updated_at, heartbeat_at, task_ids, current_step, rearms, "
+    "status, cause, created_at, updated_at, heartbeat_at, task_ids, current_step, rearms, "
     "needs_review) SELECT md5(:owner || g), :owner, 'bulk-' || g, repeat('f', 64), 'bulk', "
-    "'{}'::jsonb, '{}'::jsonb, 'queued', now(), now(), now(), '[]'::jsonb, 0, 0, false "
+    "'{}'::jsonb, '{}'::jsonb, 'queued', 'bench seed', now(), now(), now(), '[]'::jsonb, 0, "
+    "0, false "
     "FROM generate_series(1, :count) AS g"
 )
 

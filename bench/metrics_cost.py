@@ -39,14 +39,14 @@ DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/test"
 #: cycle through the terminal statuses.
 _RUNS_SQL = """
 INSERT INTO runs (
-    id, owner, request_id, fingerprint, workflow_name, workflow, args, status, stop_reason,
-    error, result, created_at, started_at, finished_at, updated_at, heartbeat_at,
+    id, owner, request_id, fingerprint, workflow_name, workflow, args, status, cause,
+    stop_reason, error, result, created_at, started_at, finished_at, updated_at, heartbeat_at,
     cancel_requested_at, deadline_at, task_ids, current_step, rearms, needs_review
 )
 SELECT
     md5('run' || g), 'owner-' || (g % 50), md5('run' || g), repeat('f', 64), 'bench',
     CAST(:workflow AS jsonb), CAST(:args AS jsonb),
-    kind.status, kind.stop_reason,
+    kind.status, 'bench seed', kind.stop_reason,
     CASE WHEN kind.status = 'failed' THEN repeat('boom ', 100) END,
     CASE WHEN kind.status = 'completed' THEN CAST(:args AS jsonb) END,
     now() - make_interval(secs => g), now() - make_interval(secs => g),

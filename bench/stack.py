@@ -32,11 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Marks the benchmark's Redis db as ours, so a later run may flush it.
 MARKER = "bench:owned-by-orchestration-bench"
 
-#: Settings every stack shares: 200-step chains, room for 1,000+ live runs per owner.
+#: Settings every stack shares: 200-step chains, room for 1,000+ live runs (and their turns)
+#: of one owner, as an operator gives a single-tenant deployment.
 BASE_SETTINGS = {
     "ORCH_MAX_STEPS": "200",
     "ORCH_MAX_ACTIVE_RUNS": "100000",
     "ORCH_MAX_ACTIVE_RUNS_PER_OWNER": "100000",
+    "ORCH_MAX_LIVE_TURNS_PER_OWNER": "100000",
 }
 
 #: The worker flags every measured worker runs with (the engine's and the baseline's alike).
