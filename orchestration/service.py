@@ -147,6 +147,7 @@ class Orchestrator(RunActions, RegisteredWorkflows):
         around = Around(
             liveness.sweeper_liveness(self.settings, now).doubt,
             lambda: broker_probe.workers_doubt(self.settings) if sending else None,
+            lambda: broker_probe.upkeep_doubt(self.settings) if sending else None,
         )
         return explain(self.settings, record, judged, now, around, suspension=suspension)
 

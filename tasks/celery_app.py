@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_init, worker_process_init
+from celery.signals import beat_init, celeryd_after_setup, worker_init, worker_process_init
 
 from beat_schedule import beat_schedule
 from orchestration.core.db import dispose_engines
@@ -15,7 +15,7 @@ from orchestration.core.errors import ConfigurationError
 from orchestration.core.settings import get_settings
 from orchestration.observability import tracing
 from orchestration.runtime import celery_observing
-from orchestration.runtime.celery_config import configure
+from orchestration.runtime.celery_config import configure, consume_upkeep
 from orchestration.runtime.celery_queue import CeleryQueue
 from orchestration.runtime.executor import Executor
 from orchestration.runtime.readiness import refuse_unfit
@@ -49,6 +49,14 @@ def _serve_or_refuse(**_: Any) -> None:
     """Before the consumer starts: a worker whose database or broker cannot serve a task
     takes none; it says why in one line and exits with status 2."""
     refuse_unfit(settings, "worker")
+
+
+@celeryd_after_setup.connect
+def _consume_upkeep(instance: Any, **_: Any) -> None:
+    """After ``-Q`` was applied (Celery's documented use of this signal): a worker of the step
+    queue consumes the upkeep queue too; one started with only ``-Q <ORCH_UPKEEP_QUEUE>`` is
+    a dedicated upkeep worker."""
+    consume_upkeep(instance.app, settings)
 
 
 @beat_init.connect

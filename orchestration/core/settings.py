@@ -33,6 +33,8 @@ MAX_SECONDS = 10 * 365.25 * 86400
 #: The databases the engine's SQL is written and tested for.
 #: Queue names that RabbitMQ, Redis and SQS all accept; ``amq.`` is reserved by RabbitMQ.
 QUEUE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+#: The upkeep queue's name when ``ORCH_UPKEEP_QUEUE`` is unset: ``ORCH_QUEUE`` and this.
+UPKEEP_SUFFIX = ".upkeep"
 #: Owners, like request ids and concurrency keys: 1-200 printable ASCII characters.
 OWNER_PATTERN = re.compile(r"[\x21-\x7e]{1,200}")
 #: Signals whose default action does not end a process: a revoke with one would not stop
@@ -131,8 +133,11 @@ class Settings(TenantLimits):
     broker_url: str = "redis://127.0.0.1:6379/0"
     #: Owner used by the CLI when ``--owner`` is not given.
     owner: str = "default"
-    #: Celery queue for the step, effect and sweep tasks.
+    #: Celery queue for the step and stop tasks.
     queue: str = "orchestration"
+    #: Celery queue for what beat sends (sweeper, schedules, retention): ``<queue>.upkeep``
+    #: when unset, so that no backlog of steps delays a sweeper pass (chaos finding 12).
+    upkeep_queue: str = ""
 
     #: A live run whose heartbeat is older than this is stalled (seconds).
     heartbeat_timeout: float = Field(60.0, gt=0)
@@ -280,7 +285,7 @@ class Settings(TenantLimits):
         check_broker_url(value)
         return value
 
-    @field_validator("queue")
+    @field_validator("queue", "upkeep_queue")
     @classmethod
     def _queue(cls, value: str) -> str:
         if not QUEUE_PATTERN.fullmatch(value) or value.startswith("amq."):
@@ -289,6 +294,18 @@ class Settings(TenantLimits):
                 "with a letter or digit (not 'amq.', which RabbitMQ reserves)"
             )
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upkeep_queue_default(cls, data: Any) -> Any:
+        """``ORCH_UPKEEP_QUEUE`` unset (or empty): ``ORCH_QUEUE`` + ``.upkeep`` (from the
+        default queue when ``ORCH_QUEUE`` is refused, so that only that one is named)."""
+        if not isinstance(data, dict) or data.get("upkeep_queue"):
+            return data
+        queue = str(data.get("queue", cls.model_fields["queue"].default))
+        if not QUEUE_PATTERN.fullmatch(queue):
+            queue = cls.model_fields["queue"].default
+        return {**data, "upkeep_queue": f"{queue}{UPKEEP_SUFFIX}"}
 
     @field_validator("owner")
     @classmethod
@@ -414,6 +431,11 @@ class Settings(TenantLimits):
             raise ValueError(
                 "message signing needs all of ORCH_SECURITY_KEY, ORCH_SECURITY_CERTIFICATE "
                 "and ORCH_SECURITY_CERT_STORE"
+            )
+        if self.upkeep_queue == self.queue:
+            raise ValueError(
+                f"ORCH_UPKEEP_QUEUE ({self.upkeep_queue!r}) must differ from ORCH_QUEUE: a "
+                "sweeper pass on the step queue waits behind every step (chaos finding 12)"
             )
         if self.visibility_timeout <= 2 * self.heartbeat_timeout:
             raise ValueError(

@@ -39,10 +39,13 @@ class Around:
     """What runs beside the database, as the caller found it. ``sweeper``: why no sweeper
     pass can be counted on (``None``: it passes on time). ``workers``: asked only when the
     next move waits for a worker, why none can be counted on (``None``: a worker consuming
-    the run queue answered)."""
+    the run queue answered). ``upkeep``: asked only of a live run whose sweeper passes on
+    time, why no worker may run the next pass (``None``: a worker consuming the upkeep
+    queue answered)."""
 
     sweeper: str | None = None
     workers: Callable[[], str | None] = field(default=_nobody)
+    upkeep: Callable[[], str | None] = field(default=_nobody)
 
 
 #: Run statuses whose next move is a worker's (unless the run is stalled: then the sweeper's).
@@ -292,7 +295,7 @@ def explain(
     if suspension is not None:
         why += f"; {suspension}"
     live = record.health != Health.ENDED
-    sweeper = around.sweeper if around is not None and live else None
+    sweeper = (around.sweeper or around.upkeep()) if around is not None and live else None
     if around is not None and live:
         missing = [sweeper] if sweeper and _waits_for_sweeper(record, status) else []
         if _waits_for_worker(record, status) and (workers := around.workers()) is not None:

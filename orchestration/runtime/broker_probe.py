@@ -1,5 +1,6 @@
 """What only the broker and the workers know: for the operator's fleet page, the run queue's
-depth and each worker's pool; for ``explain``, whether any worker consumes the run queue.
+depth and each worker's pool; for ``explain``, whether any worker consumes the run queue and
+the upkeep queue (one broadcast answers both).
 Each is bounded by a short timeout and reports ``None`` when the answer did not come, so a
 down broker slows a page by at most that timeout.
 
@@ -29,8 +30,8 @@ POOLS_FRESH = 10.0
 
 #: The last answer per broker (a broadcast reaches every node on it, whatever its queues).
 _asked: dict[str, tuple[float, dict[str, dict[str, Any]] | None]] = {}
-#: The last answer per broker and queue: the nodes that consume it.
-_consuming: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
+#: The last answer per broker: each node's queues.
+_consuming: dict[str, tuple[float, dict[str, set[str]] | None]] = {}
 _asking = threading.Lock()
 
 
@@ -86,29 +87,31 @@ def ask_pools(settings: Settings) -> dict[str, dict[str, Any]] | None:
     }
 
 
-def queue_consumers(settings: Settings) -> list[str] | None:
-    """The worker nodes that answered, within :data:`REPLIES`, that they consume the run queue
-    (``ORCH_QUEUE``), or ``None`` when the broker could not be reached. One ``inspect
-    active_queues`` broadcast; its answer is kept :data:`POOLS_FRESH` seconds."""
-    key = (settings.broker_url, settings.queue)
+def queue_consumers(settings: Settings, queue: str | None = None) -> list[str] | None:
+    """The worker nodes that answered, within :data:`REPLIES`, that they consume ``queue``
+    (default the run queue, ``ORCH_QUEUE``), or ``None`` when the broker could not be
+    reached. One ``inspect active_queues`` broadcast per broker, kept :data:`POOLS_FRESH`
+    seconds, answers for every queue."""
+    key = settings.broker_url
     with _asking:
         asked = _consuming.get(key)
         if asked is None or time.monotonic() - asked[0] > POOLS_FRESH:
-            asked = _consuming[key] = (time.monotonic(), _ask_consumers(settings))
-    return asked[1]
+            asked = _consuming[key] = (time.monotonic(), _ask_queues(settings))
+    if asked[1] is None:
+        return None
+    wanted = queue or settings.queue
+    return sorted(node for node, names in asked[1].items() if wanted in names)
 
 
-def _ask_consumers(settings: Settings) -> list[str] | None:
+def _ask_queues(settings: Settings) -> dict[str, set[str]] | None:
     try:
         replies = client_app(settings).control.inspect(timeout=REPLIES).active_queues() or {}
     except Exception as exc:
         LOG.info("queue consumers unknown: %s", type(exc).__name__)
         return None
-    return sorted(
-        node
-        for node, queues in replies.items()
-        if any(queue.get("name") == settings.queue for queue in queues or [])
-    )
+    return {
+        node: {str(queue.get("name")) for queue in queues or []} for node, queues in replies.items()
+    }
 
 
 def workers_doubt(settings: Settings) -> str | None:
@@ -123,3 +126,16 @@ def workers_doubt(settings: Settings) -> str | None:
             "(`orchestration worker`)"
         )
     return None
+
+
+def upkeep_doubt(settings: Settings) -> str | None:
+    """What ``explain`` says when no worker would run the sweeper's next pass (``None``: a
+    worker consuming the upkeep queue answered, or the broker did not: :func:`workers_doubt`
+    says that)."""
+    consumers = queue_consumers(settings, settings.upkeep_queue)
+    if consumers is None or consumers:
+        return None
+    return (
+        f"no worker consuming queue {settings.upkeep_queue!r} answered, so no sweeper pass "
+        "runs: one must run (`orchestration worker`)"
+    )

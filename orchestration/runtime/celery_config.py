@@ -174,6 +174,22 @@ def client_config(conf: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def consume_upkeep(app: Celery, settings: Settings) -> None:
+    """Make a worker of ``app`` that consumes the step queue (``ORCH_QUEUE``, selected with
+    ``-Q`` or by default) consume the upkeep queue (``ORCH_UPKEEP_QUEUE``) too, so that every
+    deployment that runs steps runs the sweeper; a worker of other queues is left alone.
+
+    On Redis the worker then ``BRPOP``s both lists, the one that gave the last message moved
+    to the back (kombu's round-robin ``queue_order_strategy``), and it fetches only when a
+    pool process is free (``worker_prefetch_multiplier`` 1, ``task_acks_late``): a waiting
+    pass is taken by the next free pool process, never behind the backlog of steps. On
+    RabbitMQ both consumers share the channel's prefetch (Celery's global QoS), and the
+    broker delivers to whichever has a message when a process frees."""
+    queues = app.amqp.queues
+    if settings.queue in queues.consume_from:
+        queues.select_add(settings.upkeep_queue)
+
+
 def configure(app: Celery, settings: Settings) -> Celery:
     """Apply :func:`celery_config` to ``app``, keep a Redis restart from killing its workers
     (:func:`survive_redis_restarts`) and, when signing is on, register the signing serializer

@@ -49,6 +49,8 @@ class SweeperLiveness:
     age: float | None
     #: ``ORCH_SWEEP_INTERVAL``.
     interval: float
+    #: ``ORCH_UPKEEP_QUEUE``: where beat sends the passes.
+    queue: str
 
     @property
     def limit(self) -> float:
@@ -62,7 +64,7 @@ class SweeperLiveness:
     def detail(self) -> str:
         """The health report's line."""
         if self.age is None:
-            return "never ran: is beat running?"
+            return f"never ran: is beat running, and a worker consuming queue {self.queue!r}?"
         return f"last pass {self.age:.0f}s ago (limit {self.limit:.0f}s)"
 
     @property
@@ -77,12 +79,17 @@ class SweeperLiveness:
                 f"no sweeper pass for {self.age / self.interval:.0f} intervals of "
                 f"{self.interval:g}s (the last {self.age:.0f}s ago)"
             )
-        return f"{missed}: beat must run (`orchestration beat`)"
+        return (
+            f"{missed}: beat must run (`orchestration beat`) and a worker must consume queue "
+            f"{self.queue!r} (`orchestration worker`)"
+        )
 
 
 def sweeper_liveness(settings: Settings, now: datetime) -> SweeperLiveness:
     """The sweeper's liveness at ``now``, read from its row."""
-    return SweeperLiveness(sweeper_age(settings, now), settings.sweep_interval)
+    return SweeperLiveness(
+        sweeper_age(settings, now), settings.sweep_interval, settings.upkeep_queue
+    )
 
 
 def check(

@@ -1,6 +1,7 @@
 """``explain`` never promises what is not running (issue 33): with no beat, it says that no
 sweeper pass has run (or none for N intervals) and that beat must run; with no worker on the
-run's queue, that no worker consuming it answered. The sweeper's part is the same judgement
+run's queue, that no worker consuming it answered; with none on the upkeep queue, that no
+sweeper pass runs. The sweeper's part is the same judgement
 ``/healthz`` makes (``liveness.SweeperLiveness``). This module starts no beat."""
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from tests.integration.conftest import Stack
 pytestmark = pytest.mark.e2e
 
 NO_SWEEPER = "no sweeper pass has run yet: beat must run (`orchestration beat`)"
+#: What follows it: the queue beat sends the passes to (chaos finding 12).
+UPKEEP = " and a worker must consume queue {!r} (`orchestration worker`)"
 
 
 def explain(stack: Stack, run_id: str, owner: str, **env: str) -> Any:
@@ -72,7 +75,7 @@ def test_explain_says_what_is_not_running(stack: Stack, worker: ManagedProcess) 
         what="the unserved run stalled",
     )
     assert stalled["next"].startswith("the sweeper (every 1s) re-arms it"), stalled
-    assert stalled["next"].endswith(f"; but {NO_SWEEPER}"), stalled
+    assert stalled["next"].endswith(f"; but {NO_SWEEPER}{UPKEEP.format(nobody + '.upkeep')}")
 
     Sweeper(unserved, client_executor(unserved)).sweep()
     time.sleep(4 * stack.settings.sweep_interval)
@@ -87,4 +90,11 @@ def test_explain_says_what_is_not_running(stack: Stack, worker: ManagedProcess) 
     fresh = stack.orchestrator().explain(live.id, owner=owner)
     assert "sweeper pass" not in fresh["text"], fresh
     assert "It will be terminal or re-armed by" in fresh["text"], fresh
+    # The sweeper passed on time, but no worker consumes the queue of its next pass.
+    unswept = stack.settings.model_copy(update={"upkeep_queue": f"{nobody}.upkeep"})
+    doubted = Orchestrator(unswept, client_queue(unswept)).explain(live.id, owner=owner)
+    assert (
+        f"no worker consuming queue '{nobody}.upkeep' answered, so no sweeper pass runs"
+        in doubted["text"]
+    ), doubted
     stack.orchestrator().cancel(live.id, owner=owner)

@@ -154,6 +154,14 @@ TEXT_GARBAGE: dict[str, SearchStrategy[str]] = {
 }
 #: The OTLP endpoint is a web URL like the webhook's, refused the same way.
 TEXT_GARBAGE["otel_endpoint"] = TEXT_GARBAGE["webhook_url"]
+#: Empty is not garbage there: it means ``ORCH_QUEUE`` + ``.upkeep``; the step queue's name is.
+TEXT_GARBAGE["upkeep_queue"] = st.one_of(
+    st.sampled_from([" ", "upkeep queue", "amq.upkeep", "-q", "q\n", "orchestration"]),
+    TEXT.filter(
+        lambda text: text != "" and (not _QUEUE.fullmatch(text) or text.startswith("amq."))
+    ),
+    st.text(alphabet="q", min_size=201, max_size=260),
+)
 #: pydantic reads a boolean from these words, in any case, and from nothing else.
 _BOOLEAN_WORDS = {"1", "0", "true", "false", "t", "f", "yes", "no", "y", "n", "on", "off"}
 TEXT_GARBAGE["dashboard_plain_http"] = st.one_of(
