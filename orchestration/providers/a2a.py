@@ -41,6 +41,7 @@ from orchestration.providers.http import (
     check_url,
     json_size,
     secret_kind,
+    url_headers,
 )
 from orchestration.providers.request_budget import RequestBudget, Verbatim, fill_body
 
@@ -126,16 +127,7 @@ class A2AProvider:
     def _headers(self, options: Mapping[str, Any]) -> dict[str, str]:
         """The headers every call sends: the protocol version, then the step's own, each
         secret checked against the URL and resolved."""
-        url = str(options["url"])
-        headers = {"A2A-Version": PROTOCOL}
-        for header, value in (options.get("headers") or {}).items():
-            if isinstance(value, str):
-                headers[header] = value
-            else:
-                secret = str(value[secret_kind(value)])
-                resolved = secrets.secret_value(secret, url, self._settings, "a2a")
-                headers[header] = str(value.get("prefix", "")) + resolved
-        return headers
+        return url_headers(options, self._settings, "a2a", {"A2A-Version": PROTOCOL})
 
     # --- calls ---------------------------------------------------------------------------
 

@@ -125,6 +125,22 @@ def secret_kind(value: Mapping[str, Any]) -> str:
     return next(kind for kind in _SECRET_KINDS if kind in value)
 
 
+def url_headers(
+    options: Mapping[str, Any], settings: Settings, provider: str, first: Mapping[str, str] = {}
+) -> dict[str, str]:
+    """``first``, then the step's ``headers`` for one ``url`` (a2a, mcp): each secret checked
+    against that URL and resolved."""
+    url = str(options["url"])
+    headers = dict(first)
+    for header, value in (options.get("headers") or {}).items():
+        if isinstance(value, str):
+            headers[header] = value
+        else:
+            resolved = secrets.secret_value(str(value[secret_kind(value)]), url, settings, provider)
+            headers[header] = str(value.get("prefix", "")) + resolved
+    return headers
+
+
 def check_headers(headers: Any, field: str) -> None:
     """Launch check of a ``headers`` mapping: each value a literal string or a secret's name
     (``{secret: NAME, prefix: ...}``), each name and value fit to send."""

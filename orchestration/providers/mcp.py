@@ -58,7 +58,13 @@ from orchestration.providers.base import (
     TurnStatus,
 )
 from orchestration.providers.exchange import check_egress, exchange
-from orchestration.providers.http import check_headers, check_known, check_url, secret_kind
+from orchestration.providers.http import (
+    check_headers,
+    check_known,
+    check_url,
+    secret_kind,
+    url_headers,
+)
 from orchestration.providers.mcp_wire import INVALID_PARAMS, PROTOCOL, ServerInfo, Wire
 from orchestration.providers.request_budget import MAX_PLACEHOLDERS, Verbatim, count
 
@@ -155,16 +161,7 @@ class MCPProvider:
 
     def _headers(self, options: Mapping[str, Any]) -> dict[str, str]:
         """The step's headers, each secret checked against the URL and resolved."""
-        url = str(options["url"])
-        headers: dict[str, str] = {}
-        for header, value in (options.get("headers") or {}).items():
-            if isinstance(value, str):
-                headers[header] = value
-            else:
-                secret = str(value[secret_kind(value)])
-                resolved = secrets.secret_value(secret, url, self._settings, "mcp")
-                headers[header] = str(value.get("prefix", "")) + resolved
-        return headers
+        return url_headers(options, self._settings, "mcp")
 
     @contextmanager
     def _wire(self, options: Mapping[str, Any], bound: float | None = None) -> Iterator[Wire]:
