@@ -165,3 +165,78 @@ def test_a_stale_start_never_clears_a_claim_committed_while_it_waited(settings: 
     assert not thread.is_alive() and raised == []
     step = steps_of(settings, run_id)[0]
     assert (step.start_claimed_at, step.provider_run_id) == (newer, None)
+
+
+def _as(settings: Settings, app: str) -> Settings:
+    """``settings`` on connections named ``app`` (the chaos journal's writer)."""
+    url = settings.database_url
+    joined = "&" if "?" in url else "?"
+    return settings.model_copy(update={"database_url": f"{url}{joined}application_name={app}"})
+
+
+@pytest.mark.postgresql_only("the chaos audit's journal is PostgreSQL triggers")
+def test_the_audit_passes_a_hand_off_under_the_cut_workers_claim_and_counts_other_writes(
+    settings: Settings,
+) -> None:
+    """The chaos audit's journal, on the statements the engine sends: the cut worker claims
+    the start, another worker fences the step after the cut, the cut worker's stale start
+    hands its turn to the step under its claim (passed), then writes the step otherwise
+    (counted)."""
+    from chaos.fencing import WRITE_JOURNAL, Cut, read_writes, writes_after_takeover
+    from orchestration.runs.transitions import touch_step
+
+    victim, other = _as(settings, "chaos-net"), _as(settings, "chaos-w1")
+    with session_scope(settings.database_url) as session:
+        session.connection().exec_driver_sql(WRITE_JOURNAL)
+    try:
+        run_id = launch(settings)
+        key = f"{run_id}:s1:1"
+        force_step(settings, run_id, 0, status="running", idempotency_key=key, polls=TICK)
+        with session_scope(victim.database_url) as session:
+            session.execute(update(Step).where(Step.run_id == run_id).values(start_claimed_at=T0))
+        cut_at = time.time()
+        with session_scope(other.database_url) as session:
+            bound = fence.params(settings, run_id, 0, TICK, T0, "w1", 2)
+            assert pieces.send(session, fence.ENTER, bound)["fenced"] is not None
+        request = TurnRequest(
+            key=key, run_id=run_id, step_id="s1", attempt=1, input="t", options={}
+        )
+        releasing.release_refused_start(
+            victim, Executor(victim, None), T0, run_id, 0, StartCall(request, "scripted", T0), "t-1"
+        )
+        assert steps_of(settings, run_id)[0].provider_run_id == "t-1"
+        with session_scope(victim.database_url) as session:
+            touch_step(session, steps_of(settings, run_id)[0], T0, last_provider_status="late")
+        with session_scope(settings.database_url) as session:
+            found = writes_after_takeover(
+                read_writes(session.connection()), [Cut("chaos-net", cut_at, (run_id,))]
+            )
+    finally:
+        with session_scope(settings.database_url) as session:
+            session.connection().exec_driver_sql(
+                "DROP TRIGGER chaos_write_runs ON runs; DROP TRIGGER chaos_write_steps ON steps;"
+                " DROP TRIGGER chaos_write_events ON run_events;"
+                " DROP FUNCTION chaos_note_write(); DROP TABLE chaos_writes;"
+            )
+    assert len(found) == 1, found
+    assert "chaos-net wrote steps" in found[0]
+
+
+def test_a_hand_off_under_a_claim_the_cut_worker_never_wrote_is_counted() -> None:
+    """Only the cut worker's own claim covers its hand-off: one it clears of another's is a
+    write over the taking execution's."""
+    from chaos.fencing import Cut, Written, writes_after_takeover
+
+    def write(
+        at: float, app: str, *, fence: bool, claim: float | None = None, handoff: bool = False
+    ) -> Written:
+        return Written("steps", "r1", fence, False, at, app, claim, handoff)
+
+    cut = Cut("chaos-net", at=100.0, runs=("r1",))
+    own = [write(99.0, "chaos-net", fence=True, claim=98.0)]
+    taken = [write(101.0, "chaos-w1", fence=True)]
+    handed = [write(102.0, "chaos-net", fence=False, claim=98.0, handoff=True)]
+    assert writes_after_takeover({"r1": own + taken + handed}, [cut]) == []
+    others = [write(101.5, "chaos-w1", fence=False, claim=101.5)]
+    stray = [write(102.0, "chaos-net", fence=False, claim=101.5, handoff=True)]
+    assert len(writes_after_takeover({"r1": own + taken + others + stray}, [cut])) == 1
