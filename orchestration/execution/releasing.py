@@ -54,7 +54,9 @@ def release_refused_start(
 ) -> None:
     """The run moved on while its turn was starting. If the step is still live and still
     holds this execution's claim (a cancel is waiting for it), hand it the turn's id and
-    clear the claim: the canceller stops the turn. If the run already ended, or a newer
+    clear the claim, in one statement guarded by that claim: the canceller stops the turn.
+    The claim, not the fence's tick, is what a start holds: an execution that fenced the
+    step since found the claim live and only polls (``Refusal.IN_FLIGHT``). If the run already ended, or a newer
     attempt holds the step, this execution alone knows the turn's id, so it stops the turn
     itself (a chaos partition showed a stale execution clearing a newer claim), unless the
     step has recorded that turn since, or the status call right after the start
