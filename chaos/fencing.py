@@ -8,7 +8,18 @@ the namespaced worker (``chaos-net``), a run it held is *taken over* at the firs
 the run (its ``rearms`` grew) or the first fence of its step by another process, after the
 cut. From then on, each write by the cut worker to that run counts in ``writes_after_takeover``
 (must be 0) unless the cut worker had fenced the step again in between (a delivery it held
-that legitimately won the fence). The check is per worker, not per prefork child.
+that legitimately won the fence), or the write is a *hand-off* under the cut worker's own start
+claim. The check is per worker, not per prefork child.
+
+The hand-off: a start whose answer comes back after its run moved on gives the turn's id to
+the step and clears its claim (``orchestration.execution.releasing``), in one statement whose
+``WHERE`` holds the step to that very claim. The claim is the start's own lease, apart from the
+tick: an execution that fences the step while the claim is live may not start the turn, nor
+record one, and only polls again (``Refusal.IN_FLIGHT``), so writing the turn's id under the
+claim overwrites nothing the taking execution wrote; once the claim was taken again, the
+statement writes nothing. The journal marks such a write (``handoff``: only the claim, the
+turn's id and ``updated_at`` change, the claim to ``NULL``, a turn where there was none) with
+the claim it cleared, and the check passes it when that claim is one the cut worker wrote.
 """
 
 from __future__ import annotations
@@ -30,13 +41,18 @@ CREATE TABLE chaos_writes (
     fence boolean NOT NULL,
     rearm boolean NOT NULL,
     at timestamptz NOT NULL,
-    app text NOT NULL
+    app text NOT NULL,
+    claim timestamptz,
+    handoff boolean NOT NULL DEFAULT false
 );
 CREATE FUNCTION chaos_note_write() RETURNS trigger AS $$
 DECLARE
     run varchar(32);
     fenced boolean := false;
     rearmed boolean := false;
+    claim timestamptz;
+    handoff boolean := false;
+    kept text[] := ARRAY['start_claimed_at', 'provider_run_id', 'updated_at'];
 BEGIN
     IF TG_TABLE_NAME = 'runs' THEN
         run := NEW.id;
@@ -45,11 +61,21 @@ BEGIN
         run := NEW.run_id;
         IF TG_TABLE_NAME = 'steps' AND TG_OP = 'UPDATE' THEN
             fenced := NEW.polls > OLD.polls;
+            IF NEW.start_claimed_at IS NOT NULL
+               AND NEW.start_claimed_at IS DISTINCT FROM OLD.start_claimed_at THEN
+                claim := NEW.start_claimed_at;
+            END IF;
+            handoff := OLD.start_claimed_at IS NOT NULL AND NEW.start_claimed_at IS NULL
+                AND OLD.provider_run_id IS NULL
+                AND (to_jsonb(NEW) - kept) = (to_jsonb(OLD) - kept);
+            IF handoff THEN
+                claim := OLD.start_claimed_at;
+            END IF;
         END IF;
     END IF;
-    INSERT INTO chaos_writes (tbl, run_id, fence, rearm, at, app)
+    INSERT INTO chaos_writes (tbl, run_id, fence, rearm, at, app, claim, handoff)
     VALUES (TG_TABLE_NAME, run, fenced, rearmed, clock_timestamp(),
-            current_setting('application_name'));
+            current_setting('application_name'), claim, handoff);
     RETURN NULL;
 END $$ LANGUAGE plpgsql;
 CREATE TRIGGER chaos_write_runs AFTER UPDATE ON runs
@@ -71,6 +97,10 @@ class Written:
     rearm: bool
     at: float
     app: str
+    #: The start claim this write set, or, for a hand-off, the one it cleared.
+    claim: float | None = None
+    #: Whether it is a hand-off under a start claim (see the module docstring).
+    handoff: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,7 +117,16 @@ def read_writes(connection: Connection) -> dict[str, list[Written]]:
     writes: dict[str, list[Written]] = {}
     for row in connection.execute(text("SELECT * FROM chaos_writes ORDER BY at, id")):
         writes.setdefault(row.run_id, []).append(
-            Written(row.tbl, row.run_id, row.fence, row.rearm, row.at.timestamp(), row.app)
+            Written(
+                row.tbl,
+                row.run_id,
+                row.fence,
+                row.rearm,
+                row.at.timestamp(),
+                row.app,
+                None if row.claim is None else row.claim.timestamp(),
+                row.handoff,
+            )
         )
     return writes
 
@@ -100,7 +139,10 @@ def writes_after_takeover(writes: dict[str, list[Written]], cuts: list[Cut]) -> 
         for run_id in cut.runs:
             taken: float | None = None
             refenced = False
+            own_claims: set[float] = set()
             for write in writes.get(run_id, []):
+                if write.app == cut.victim_app and write.claim is not None and not write.handoff:
+                    own_claims.add(write.claim)
                 if write.at <= cut.at:
                     continue
                 if write.app != cut.victim_app:
@@ -111,7 +153,7 @@ def writes_after_takeover(writes: dict[str, list[Written]], cuts: list[Cut]) -> 
                     continue
                 if write.fence:
                     refenced = True
-                elif not refenced:
+                elif not refenced and not (write.handoff and write.claim in own_claims):
                     found.append(
                         f"{run_id}: {cut.victim_app} wrote {write.table} at {write.at:.3f}, "
                         f"{write.at - taken:.3f}s after the run was taken over "
