@@ -56,11 +56,11 @@ def release_refused_start(
     holds this execution's claim (a cancel is waiting for it), hand it the turn's id and
     clear the claim, in one statement guarded by that claim: the canceller stops the turn.
     The claim, not the fence's tick, is what a start holds: an execution that fenced the
-    step since found the claim live and only polls (``Refusal.IN_FLIGHT``). If the run already ended, or a newer
-    attempt holds the step, this execution alone knows the turn's id, so it stops the turn
-    itself (a chaos partition showed a stale execution clearing a newer claim), unless the
-    step has recorded that turn since, or the status call right after the start
-    (``observed``) found it ended: then it writes and stops nothing."""
+    step since found the claim live and only polls (``Refusal.IN_FLIGHT``). If the run
+    already ended, or a newer attempt holds the step, this execution alone knows the turn's
+    id, so it stops the turn itself (a chaos partition showed a stale execution clearing a
+    newer claim), unless the step has recorded that turn since, or the status call right
+    after the start (``observed``) found it ended: then it writes and stops nothing."""
     fit = provider_run_id is not None and bounds.provider_id(provider_run_id, settings)
     known = None if fit else provider_run_id
 

@@ -36,6 +36,9 @@ class SlowStartService:
     def __init__(self) -> None:
         self.started: list[tuple[float, float]] = []
         self.cancelled: list[tuple[float, str]] = []
+        #: Set by a test that must act while the start is in flight: the start then answers
+        #: once it is set (within the call's bound), not after a fixed time.
+        self.gate: threading.Event | None = None
 
     def __call__(self, talk: Conversation) -> None:
         arrived = time.monotonic()
@@ -44,7 +47,10 @@ class SlowStartService:
             well_behaved({})(talk)
             return
         if talk.request.method == "POST":
-            talk.pause(START_SECONDS)
+            if self.gate is None:
+                talk.pause(START_SECONDS)
+            else:
+                self.gate.wait(START_SECONDS * 2.5)
             well_behaved({"id": "turn-9"})(talk)
             self.started.append((arrived, time.monotonic()))
             return
@@ -133,6 +139,7 @@ def test_a_start_that_outlives_its_run_stops_its_own_turn(
     settings: Settings, service: tuple[SlowStartService, HostileServer]
 ) -> None:
     behaviour, server = service
+    behaviour.gate = threading.Event()
     run_id = launch(settings, _workflow(server.url), now=utcnow())
     stepper = Stepper(settings, Executor(settings, RecordingDispatcher()))
     thread, outcomes = _in_thread(lambda: stepper.advance(run_id, 0, 0))
@@ -156,6 +163,7 @@ def test_a_start_that_outlives_its_run_stops_its_own_turn(
     # The close records a pending stop for the claimed turn and hands it to the stop task
     # (not run here): the turn's id is unknown to it while the start is in flight.
     assert sweeper_queue.stops == [(run_id, 0)]
+    behaviour.gate.set()  # the start answers only now, however slow the close was
     thread.join(10)
     assert run_row(settings, run_id).status == "timed_out"
     assert len(outcomes) == 1
