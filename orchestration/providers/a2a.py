@@ -34,13 +34,12 @@ from orchestration.core.settings import Settings
 from orchestration.limits import secrets
 from orchestration.providers import a2a_tasks
 from orchestration.providers.base import JSON, Evidence, TurnRef, TurnRequest, TurnStatus
-from orchestration.providers.exchange import Exchange, check_egress, exchange
+from orchestration.providers.exchange import Exchange, exchange
 from orchestration.providers.http import (
-    check_headers,
     check_known,
     check_url,
+    check_url_egress,
     json_size,
-    secret_kind,
     url_headers,
 )
 from orchestration.providers.request_budget import RequestBudget, Verbatim, fill_body
@@ -110,19 +109,7 @@ class A2AProvider:
         skill = options.get("skill")
         if skill is not None and (not isinstance(skill, str) or not skill):
             raise ValidationError("skill", "must be the id of a skill on the agent's card")
-        if "headers" in options:
-            check_headers(options["headers"], "headers")
-        url = str(options["url"])
-        check_egress(url, "url", self._settings, self._resolver)
-        for field, secret in self._secret_names(options):
-            secrets.check_bound(secret, {"url": url}, field, self._settings)
-
-    @staticmethod
-    def _secret_names(options: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-        for header, value in (options.get("headers") or {}).items():
-            if isinstance(value, Mapping):
-                kind = secret_kind(value)
-                yield f"headers.{header}.{kind}", str(value[kind])
+        check_url_egress(options, self._settings, self._resolver)
 
     def _headers(self, options: Mapping[str, Any]) -> dict[str, str]:
         """The headers every call sends: the protocol version, then the step's own, each

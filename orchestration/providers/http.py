@@ -125,6 +125,20 @@ def secret_kind(value: Mapping[str, Any]) -> str:
     return next(kind for kind in _SECRET_KINDS if kind in value)
 
 
+def check_url_egress(options: Mapping[str, Any], settings: Settings, resolver: Resolver) -> None:
+    """Launch check of a provider called at one ``url`` (a2a, mcp): its ``headers``, the URL
+    against the egress rules, and each secret header bound to that URL."""
+    if "headers" in options:
+        check_headers(options["headers"], "headers")
+    url = str(options["url"])
+    check_egress(url, "url", settings, resolver)
+    for header, value in (options.get("headers") or {}).items():
+        if isinstance(value, Mapping):
+            kind = secret_kind(value)
+            field = f"headers.{header}.{kind}"
+            secrets.check_bound(str(value[kind]), {"url": url}, field, settings)
+
+
 def url_headers(
     options: Mapping[str, Any], settings: Settings, provider: str, first: Mapping[str, str] = {}
 ) -> dict[str, str]:

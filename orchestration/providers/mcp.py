@@ -47,7 +47,6 @@ from orchestration.core.errors import (
     ValidationError,
 )
 from orchestration.core.settings import Settings
-from orchestration.limits import secrets
 from orchestration.providers import budget, mcp_results
 from orchestration.providers.base import (
     JSON,
@@ -57,12 +56,11 @@ from orchestration.providers.base import (
     TurnRequest,
     TurnStatus,
 )
-from orchestration.providers.exchange import check_egress, exchange
+from orchestration.providers.exchange import exchange
 from orchestration.providers.http import (
-    check_headers,
     check_known,
     check_url,
-    secret_kind,
+    check_url_egress,
     url_headers,
 )
 from orchestration.providers.mcp_wire import INVALID_PARAMS, PROTOCOL, ServerInfo, Wire
@@ -129,15 +127,7 @@ class MCPProvider:
                 "arguments", 'must be a mapping of the tool\'s arguments, or "{task}"'
             )
         self._check_size(options, arguments)
-        if "headers" in options:
-            check_headers(options["headers"], "headers")
-        url = str(options["url"])
-        check_egress(url, "url", self._settings, self._resolver)
-        for header, value in (options.get("headers") or {}).items():
-            if isinstance(value, Mapping):
-                kind = secret_kind(value)
-                field = f"headers.{header}.{kind}"
-                secrets.check_bound(str(value[kind]), {"url": url}, field, self._settings)
+        check_url_egress(options, self._settings, self._resolver)
 
     def _check_size(self, options: Mapping[str, Any], arguments: Any) -> None:
         """Refuse, at launch, arguments that name over :data:`MAX_PLACEHOLDERS` values, or
