@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import CTE, Executable, Select, exists, func, select
+from sqlalchemy import CTE, Executable, Select, exists, func, literal_column, select, true
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import UpdateBase
 
@@ -87,22 +87,27 @@ def one_statement(settings: Settings) -> bool:
 @functools.lru_cache(maxsize=64)
 def _composed(pieces: tuple[Piece, ...], durable: bool) -> Executable:
     """The pieces as one statement of CTEs; one row: each piece's columns (``NAME__COLUMN``)
-    and whether it returned a row (``NAME__``). Built once per tuple of pieces."""
+    and whether it returned a row (``NAME__``). Built once per tuple of pieces.
+
+    Each CTE returns at most one row, so the row is every CTE joined ``ON true`` to one
+    constant row: a column is a plain reference, not a sub-select of its own (a run's
+    columns and its step's, read that way, cost a subplan each)."""
     ctes: dict[str, CTE] = {}
     for piece in pieces:
         statement: Any = piece.statement
         if piece.after is not None:
             statement = statement.where(exists(select(1).select_from(ctes[piece.after])))
         ctes[piece.name] = statement.cte(piece.name)
+    base: Any = select(literal_column("1").label("one")).subquery("one")
+    joined = base
     columns = []
     for name, cte in ctes.items():
+        joined = joined.outerjoin(cte, true())
         columns.append(exists(select(1).select_from(cte)).label(f"{name}__"))
-        columns.extend(
-            select(column).scalar_subquery().label(f"{name}__{column.key}") for column in cte.c
-        )
+        columns.extend(column.label(f"{name}__{column.key}") for column in cte.c)
     if not durable:
         columns.append(func.set_config("synchronous_commit", "off", True).label("commit_mode"))
-    return select(*columns).add_cte(*ctes.values())
+    return select(*columns).select_from(joined).add_cte(*ctes.values())
 
 
 def _split(pieces: tuple[Piece, ...], row: Mapping[str, Any]) -> dict[str, Returned | None]:

@@ -37,6 +37,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy import String as SqlString
@@ -105,10 +106,14 @@ def _constant(text: str) -> ColumnElement[str]:
 
 
 def _startable_run(run_id: ColumnElement[Any]) -> ColumnElement[bool]:
-    return exists().where(
-        RUNS.c.id == run_id,
-        constant_in(RUNS.c.status, STARTABLE),
-        RUNS.c.cancel_requested_at.is_(None),
+    return (
+        exists()
+        .where(
+            RUNS.c.id == run_id,
+            constant_in(RUNS.c.status, STARTABLE),
+            RUNS.c.cancel_requested_at.is_(None),
+        )
+        .correlate_except(RUNS)
     )
 
 
@@ -162,36 +167,47 @@ def refusal(steps: Any = STEPS) -> ColumnElement[str | None]:
     return why
 
 
-def _claimed(value: ColumnElement[Any], otherwise: ColumnElement[Any]) -> ColumnElement[Any]:
-    """``value`` where the claim takes, the column as it is elsewhere."""
-    return case((refusal().is_(None), value), else_=otherwise)
-
-
-def _attempt_starts(value: Any, otherwise: ColumnElement[Any]) -> ColumnElement[Any]:
-    """``value`` where the claim moves a pending or retrying step to running."""
-    moves = and_(refusal().is_(None), constant_in(STEPS.c.status, _STARTS_ATTEMPT))
-    return case((moves, value), else_=otherwise)
-
-
-def _cause() -> ColumnElement[Any]:
-    attempt = cast(STEPS.c.attempt, SqlString)
+def _cause(attempt: ColumnElement[Any]) -> ColumnElement[Any]:
     return case(
-        (STEPS.c.attempt == 1, _constant("turn starting")),
-        else_=_constant("attempt ") + attempt + _constant(" starting"),
+        (attempt == 1, _constant("turn starting")),
+        else_=_constant("attempt ") + cast(attempt, SqlString) + _constant(" starting"),
     )
 
 
-def claim_values() -> dict[str, ColumnElement[Any]]:
-    """What a claim writes, each column written only where :func:`refusal` is ``NULL``."""
+#: The columns a claim writes, in the order of :func:`claim_values`' row.
+_CLAIM_COLUMNS = ("status", "cause", "input", "started_at", "retry_at", "start_claimed_at")
+
+
+def claim_values() -> dict[Any, ColumnElement[Any]]:
+    """What a claim writes, each column written only where :func:`refusal` is ``NULL``.
+
+    One row assigned to the columns together, from a sub-select that judges the refusal
+    once (a ``CASE`` per column would judge it, and count the owner's live turns, per
+    column). The sub-select reads the updated row, so on PostgreSQL a row a concurrent
+    writer changed is judged again as it is now, as a per-column ``CASE`` is."""
     now = bindparam("b_now", type_=STEPS.c.start_claimed_at.type)
-    return {
-        "status": _attempt_starts(_constant(StepStatus.RUNNING.value), STEPS.c.status),
-        "cause": _attempt_starts(_cause(), STEPS.c.cause),
-        "input": _attempt_starts(bindparam("b_input", type_=STEPS.c.input.type), STEPS.c.input),
-        "started_at": _attempt_starts(func.coalesce(STEPS.c.started_at, now), STEPS.c.started_at),
-        "retry_at": _attempt_starts(null(), STEPS.c.retry_at),
-        "start_claimed_at": _claimed(now, STEPS.c.start_claimed_at),
-    }
+    # OFFSET 0 keeps PostgreSQL from pulling the sub-select up into each column's CASE.
+    judged = select(refusal().label("why")).correlate(STEPS).offset(0).subquery("claim_judged")
+    takes = judged.c.why.is_(None)
+    moves = and_(takes, constant_in(STEPS.c.status, _STARTS_ATTEMPT))
+
+    def moved(value: Any, column: str) -> ColumnElement[Any]:
+        return case((moves, value), else_=STEPS.c[column])
+
+    row = (
+        select(
+            moved(_constant(StepStatus.RUNNING.value), "status"),
+            moved(_cause(STEPS.c.attempt), "cause"),
+            moved(bindparam("b_input", type_=STEPS.c.input.type), "input"),
+            moved(func.coalesce(STEPS.c.started_at, now), "started_at"),
+            moved(null(), "retry_at"),
+            case((takes, now), else_=STEPS.c.start_claimed_at),
+        )
+        .select_from(judged)
+        .correlate(STEPS)
+        .scalar_subquery()
+    )
+    return {tuple_(*(STEPS.c[name] for name in _CLAIM_COLUMNS)): row}
 
 
 #: The step row again, for what is judged of it in ``RETURNING``: SQLite (3.40) evaluates an
@@ -210,6 +226,10 @@ def _judged(expression: ColumnElement[Any]) -> ColumnElement[Any]:
     return select(expression).where(_JUDGED.c.pk == _UPDATED_PK).scalar_subquery()
 
 
+#: Whether this execution's statement claimed the start (a claimed step is refused nothing,
+#: and its refusal is not judged again).
+_CLAIMED = STEPS.c.start_claimed_at == bindparam("b_now")
+
 #: What the fence and the claim return: the step as the execution reads it, why it may not be
 #: claimed (``refused``), and whether this execution claimed it.
 RETURNED = (
@@ -226,8 +246,8 @@ RETURNED = (
     STEPS.c.retry_at,
     STEPS.c.turn_stop,
     _judged(_JUDGED.c.answer.is_(None)).label("unanswered"),
-    _judged(refusal(_JUDGED)).label("refused"),
-    (STEPS.c.start_claimed_at == bindparam("b_now")).label("claimed"),
+    case((_CLAIMED, null()), else_=_judged(refusal(_JUDGED))).label("refused"),
+    _CLAIMED.label("claimed"),
 )
 
 _FENCE = update(STEPS).where(
