@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from orchestration.core import deadlines, pieces
@@ -26,7 +26,7 @@ from orchestration.execution.outcomes import Halt
 from orchestration.workflows import decoded
 from orchestration.workflows.steps import StepSpec
 
-__all__ = ["Entry", "Phase", "StepRow", "enter", "stamp"]
+__all__ = ["Entry", "Phase", "StepRow", "enter", "stamp", "still_fenced"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,26 @@ def stamp(session: Session, settings: Settings, run_id: str, entry: Entry, now: 
         if stamped is not None:
             return Entry(Phase(stamped.phase), entry.tick, entry.step, entry.spec, status)
     return Entry(Phase.CANCEL, entry.tick, entry.step, entry.spec, RunStatus.CANCELLING)
+
+
+_OWNED = (
+    select(Step.pk)
+    .where(
+        Step.run_id == bindparam("run"),
+        Step.index == bindparam("index"),
+        Step.polls == bindparam("tick"),
+    )
+    .with_for_update(key_share=True)
+)
+
+
+def still_fenced(session: Session, run_id: str, entry: Entry) -> bool:
+    """Whether the step still holds ``entry``'s tick, locking it until the commit: an entry
+    fenced in a statement of its own goes on in a later transaction, and a newer delivery
+    may have fenced the step in between (its writes then are the newer one's to make). The
+    run is locked first (the stamp), as every execution locks them."""
+    found = session.scalar(_OWNED, {"run": run_id, "index": entry.step.index, "tick": entry.tick})
+    return found is not None
 
 
 _LIVE_STEPS = [status.value for status in STEP_LIVE]

@@ -116,6 +116,8 @@ class Stepper:
                 # Stamped here, on the status read: the stamp holds the run row until the
                 # commit, so a claim below is ordered before any cancel.
                 entry = entries.stamp(session, self.settings, run_id, entry, now)
+            if quick is not None and not entries.still_fenced(session, run_id, entry):
+                return Done(Halt("duplicate or stale delivery"))
             started.append(entry)
             if entry.phase is Phase.START:
                 claimed = claim(session, self.settings, run_id, entry, now, rendered=rendered)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import text, update
@@ -26,12 +28,21 @@ from orchestration.core.followups import Done
 from orchestration.core.models import Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import ParkReason, RunStatus
-from orchestration.execution import fence, parking, releasing
+from orchestration.execution import Halt, Stepper, fence, parking, releasing
 from orchestration.execution.rows import STARTABLE, Moved, lock
 from orchestration.execution.starting import StartCall
 from orchestration.providers.base import TurnRequest
 from orchestration.runtime.executor import Executor
-from tests.unit.support import T0, force, force_step, launch, run_row, steps_of
+from tests.unit.support import (
+    T0,
+    force,
+    force_step,
+    launch,
+    run_row,
+    step_spec,
+    steps_of,
+    workflow,
+)
 
 #: The tick execution A holds (the fence it won moved ``polls`` to it).
 TICK = 4
@@ -240,3 +251,33 @@ def test_a_hand_off_under_a_claim_the_cut_worker_never_wrote_is_counted() -> Non
     others = [write(101.5, "chaos-w1", fence=False, claim=101.5)]
     stray = [write(102.0, "chaos-net", fence=False, claim=101.5, handoff=True)]
     assert len(writes_after_takeover({"r1": own + taken + others + stray}, [cut])) == 1
+
+
+@pytest.mark.postgresql_only("the entry's fence goes as a statement of its own on PostgreSQL")
+def test_a_delivery_fenced_over_between_its_two_statements_writes_nothing_more(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    """The entry's fence commits alone; a start its owner's live-turn budget holds back goes
+    on in a second transaction, which says so on the step. A newer delivery fences the step
+    between the two: the first must halt there, not write over the newer one's step."""
+    settings = settings_factory(max_live_turns_per_owner=1)
+    holder = launch(settings, workflow(step_spec(with_={"states": [["running", 1000]]})))
+    run_id = launch(settings, workflow(step_spec(with_={"states": [["completed"]]})))
+    force(settings, holder, status=RunStatus.RUNNING.value, current_step=0, heartbeat_at=T0)
+    force_step(settings, holder, 0, status="running", provider_run_id="turn-1", started_at=T0)
+    executor = Executor(settings, None)
+
+    def transact(work: Any, **options: Any) -> Any:
+        if not options.get("autocommit"):
+            # The newer delivery's fence, committed after the first's and before its rest.
+            force_step(settings, run_id, 0, polls=2, last_provider_status="newer delivery")
+        return executor(work, **options)
+
+    outcome = Stepper(settings, transact).advance(run_id, 0, 0)
+    assert outcome == Halt("duplicate or stale delivery")
+    step = steps_of(settings, run_id)[0]
+    assert (step.status, step.polls, step.last_provider_status) == (
+        "pending",
+        2,
+        "newer delivery",
+    )
