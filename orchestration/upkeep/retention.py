@@ -143,7 +143,7 @@ def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, An
     pruned_counts.keep(session, deleted.gone)
     report: dict[str, Any] = dict(deleted.counts)
     report["artifacts"], report["unnamed"] = deletion.delete_unreferenced(
-        session, deleted.candidates, stored_before=cutoff
+        session, deleted.candidates, files_named=deleted.files, stored_before=cutoff
     )
     return report
 
