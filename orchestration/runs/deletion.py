@@ -79,13 +79,13 @@ def referenced(session: Session, run_ids: list[str]) -> list[tuple[str, str]]:
     return [(owner, str(sha256)) for owner, sha256 in rows]
 
 
-def named_files(session: Session, run_ids: list[str]) -> list[tuple[str, str]]:
-    """The ``(owner, sha256)`` of the files the outputs of ``run_ids``' steps name (only
-    outputs whose JSON mentions a file are read)."""
+def named_files(session: Session, run_ids: Any) -> list[tuple[str, str]]:
+    """The ``(owner, sha256)`` of the files the outputs of ``run_ids``' steps (a list or a
+    select of ids) name; only outputs whose JSON mentions a file are read."""
     rows = session.execute(
         select(Run.owner, Step.output, Step.output_sha256)
         .join(Run, Run.id == Step.run_id)
-        .where(Step.run_id.in_(run_ids), _text(Step.output).contains('"file'))
+        .where(Step.run_id.in_(run_ids), cast(Step.output, Text).contains('"file'))
     ).all()
     found = {
         (owner, sha256) for owner, output, kept in rows for sha256 in files.named(output, kept)
@@ -93,9 +93,16 @@ def named_files(session: Session, run_ids: list[str]) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def _text(column: Any) -> Any:
-    """A JSON column as its text, which both databases can search."""
-    return cast(column, Text)
+def names_file(*where: Any) -> ColumnElement[bool]:
+    """Whether a step of the artifact's owner (and ``where``) has an output that names the
+    artifact's hash: a search of the outputs' text (no column lists the files an output
+    names), so it is asked only of artifacts a deleted output named as a file."""
+    return exists().where(
+        Step.run_id == Run.id,
+        Run.owner == Artifact.owner,
+        cast(Step.output, Text).contains(Artifact.sha256),
+        *where,
+    )
 
 
 def delete_rows(session: Session, run_ids: list[str]) -> Deleted:
@@ -155,14 +162,7 @@ def delete_unreferenced(
         if files_named:
             still = or_(
                 still,
-                and_(
-                    tuple_(Artifact.owner, Artifact.sha256).in_(files_named),
-                    exists().where(
-                        Step.run_id == Run.id,
-                        Run.owner == Artifact.owner,
-                        _text(Step.output).contains(Artifact.sha256),
-                    ),
-                ),
+                and_(tuple_(Artifact.owner, Artifact.sha256).in_(files_named), names_file()),
             )
         statement = delete(Artifact).where(chosen, ~still)
         if stored_before is not None:

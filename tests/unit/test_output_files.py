@@ -218,11 +218,15 @@ def test_prune_keeps_a_file_a_recent_output_names_and_then_deletes_it(world: Wor
     world.clock.advance(40 * 86400)
     executor = Executor(world.settings, None)
     # The old run goes; the file's store was stamped since, and the recent run names it.
-    report = retention.prune(executor, cutoff=world.clock.now - timedelta(days=60))
+    cutoff = world.clock.now - timedelta(days=60)
+    assert retention.prune(executor, cutoff=cutoff, dry_run=True)["artifacts"] == 0
+    report = retention.prune(executor, cutoff=cutoff)
     assert (report["runs"], report["artifacts"]) == (1, 0)
     assert b"".join(world.orch.artifact_bytes(hashlib.sha256(PNG).hexdigest(), owner=OWNER)) == PNG
     assert world.record(recent).status == "completed"
-    report = retention.prune(executor, cutoff=world.clock.now - timedelta(days=30))
+    cutoff = world.clock.now - timedelta(days=30)
+    assert retention.prune(executor, cutoff=cutoff, dry_run=True)["artifacts"] == 1
+    report = retention.prune(executor, cutoff=cutoff)
     assert (report["runs"], report["artifacts"]) == (1, 1)
     assert _artifacts(world.settings) == []
 
@@ -238,6 +242,7 @@ def test_prune_deletes_a_file_stored_long_ago_only_with_the_last_run_naming_it(
     cutoff = world.clock.now - timedelta(days=30)
     executor = Executor(world.settings, None)
     sha256 = hashlib.sha256(PNG).hexdigest()
+    assert retention.prune(executor, cutoff=cutoff, dry_run=True)["artifacts"] == 1
     # One run per batch: the first batch leaves the file, the second run still names it.
     first = executor(lambda session: Done(retention.delete_batch(session, cutoff, 1)))
     assert (first["runs"], first["artifacts"], first["unnamed"]) == (1, 0, [])
