@@ -164,7 +164,8 @@ def keep(
     stored first (:func:`store`); or why it cannot be kept. A file is bounded as the whole
     output was before: the output with its bytes must fit ``ORCH_MAX_OUTPUT_BYTES``. When
     the output itself becomes an artifact, its reference lists the files it names, so they
-    stay referenced; a refusal after the files were stored undoes their store."""
+    stay referenced; a refusal after the files were stored undoes their store. Raises
+    nothing of its own."""
     if next(_file_parts(value), None) is None:
         kept = artifacts.keep(
             session,
@@ -175,7 +176,7 @@ def keep(
             value=value,
             now=now,
         )
-        return Refused(kept, over=True) if isinstance(kept, str) else kept
+        return Refused(kept, over=True) if isinstance(kept, str) else _listing(kept, value)
     too_big = bounds.over(value, settings.max_output_bytes, "the output", "ORCH_MAX_OUTPUT_BYTES")
     if too_big:
         return Refused(too_big, over=True)
@@ -195,9 +196,16 @@ def keep(
         if isinstance(kept, str):
             files_stored.rollback()
             return Refused(kept, over=True)
+    return _listing(kept, stored.value)
+
+
+def _listing(kept: artifacts.Kept, value: Any) -> artifacts.Kept:
+    """``kept``, when it is the reference to ``value`` stored as an artifact, with the
+    hashes of the files ``value`` names (a branch join's output names its branches')."""
     if kept.sha256 is None:
         return kept
-    return artifacts.Kept({**kept.value, "files": sorted(stored.hashes)}, kept.sha256)
+    named = sorted(set(_references(value)))
+    return artifacts.Kept({**kept.value, "files": named}, kept.sha256) if named else kept
 
 
 def hashes(kept: artifacts.Kept) -> set[str]:

@@ -250,3 +250,30 @@ def test_prune_deletes_a_file_stored_long_ago_only_with_the_last_run_naming_it(
     second = executor(lambda session: Done(retention.delete_batch(session, cutoff, 1)))
     assert (second["runs"], second["artifacts"], second["unnamed"]) == (1, 1, [sha256])
     assert _artifacts(world.settings) == []
+
+
+def test_a_branch_join_stored_as_an_artifact_lists_the_files_its_branches_named(
+    world: World,
+) -> None:
+    flow = {
+        "name": "gather",
+        "steps": [
+            {
+                "id": "gather",
+                "for_each": "{{ args.items }}",
+                "step": {
+                    "provider": "scripted",
+                    "task": "{{ item }}",
+                    "poll_interval": 0.1,
+                    "with": {"states": [["completed"]], "output": [BIG, _part(PNG)]},
+                },
+            }
+        ],
+    }
+    run_id = world.launch(flow, {"items": ["a", "b"]})
+    world.pump()
+    assert world.record(run_id).status == "completed"
+    with session_scope(world.settings.database_url) as session:
+        row = session.scalars(select(Step).where(Step.run_id == run_id)).one()
+        assert row.output_sha256 is not None
+        assert row.output["files"] == [hashlib.sha256(PNG).hexdigest()]
