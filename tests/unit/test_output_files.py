@@ -277,3 +277,23 @@ def test_a_branch_join_stored_as_an_artifact_lists_the_files_its_branches_named(
         row = session.scalars(select(Step).where(Step.run_id == run_id)).one()
         assert row.output_sha256 is not None
         assert row.output["files"] == [hashlib.sha256(PNG).hexdigest()]
+
+
+def test_a_rerun_that_reuses_an_output_keeps_its_file_when_the_source_is_deleted(
+    world: World,
+) -> None:
+    flow = _flow(["kept", _part(PNG)], "second")
+    flow["steps"][1]["with"] = {"states": [["failed"]]}
+    source = world.launch(flow)
+    world.pump()
+    assert world.record(source).status == "failed"
+    world.clock.advance(60)
+    rerun = world.orch.rerun(source, owner=OWNER)
+    world.pump()
+    assert world.record(rerun.id).steps[0].output == ["kept", _reference(PNG)]
+    sha256 = hashlib.sha256(PNG).hexdigest()
+    with session_scope(world.settings.database_url) as session:
+        used_at = session.scalar(select(Artifact.used_at).where(Artifact.sha256 == sha256))
+    assert used_at == rerun.created_at  # stamped by the rerun, so a prune running now keeps it
+    assert _delete(world, source).artifacts == 0
+    assert b"".join(world.orch.artifact_bytes(sha256, owner=OWNER)) == PNG
