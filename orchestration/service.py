@@ -171,6 +171,20 @@ class Orchestrator(RunActions, RegisteredWorkflows):
 
         return self.transact(read)
 
+    def artifact(self, sha256: str, *, owner: str) -> dict[str, Any]:
+        """An artifact of ``owner`` by its hash (a file an output names, or an output over
+        ``ORCH_INLINE_OUTPUT_BYTES``): its ``{sha256, size, media_type}`` once its bytes
+        check against the hash, to stream with :meth:`artifact_bytes`. Raises
+        :class:`~orchestration.core.errors.ArtifactNotFound` (another owner's too) and
+        :class:`~orchestration.core.errors.ArtifactCorrupt` when the stored bytes changed."""
+
+        def read(session: Session) -> Done[dict[str, Any]]:
+            row = artifacts.meta(session, owner, sha256)
+            artifacts.verify(session, self.settings, row)
+            return Done(artifacts.ref(row.sha256, row.size, row.media_type))
+
+        return self.transact(read)
+
     def artifact_bytes(self, sha256: str, *, owner: str) -> Iterator[bytes]:
         """The bytes of an artifact of ``owner``, a chunk per short transaction."""
         return artifacts.stream(

@@ -26,7 +26,7 @@ from orchestration.core.followups import ChainPlan
 from orchestration.core.models import Run, Step
 from orchestration.core.settings import Settings
 from orchestration.core.states import ConcurrencyState, RunStatus, StepStatus, StopReason
-from orchestration.runs import artifacts, chains
+from orchestration.runs import artifacts, chains, files
 from orchestration.runs.new_rows import new_step
 from orchestration.workflows import agents, decoded, parsing, templates
 from orchestration.workflows import steps as step_specs
@@ -230,8 +230,7 @@ def write_reused(
     )
     session.add(run)
     reused = artifacts.Kept(source.output, source.output_sha256)
-    if source.output_sha256 is not None:
-        artifacts.touch(session, parent.owner, {source.output_sha256}, now)
+    artifacts.touch(session, parent.owner, files.hashes(reused), now)
     step = new_step(
         run.id,
         0,

@@ -50,7 +50,7 @@ from orchestration.execution.entry import Entry
 from orchestration.execution.outcomes import Halt, Outcome
 from orchestration.execution.rows import fail
 from orchestration.limits import admission, bounds, suspensions
-from orchestration.runs import artifacts, chains, closing, effects
+from orchestration.runs import artifacts, chains, closing, effects, files
 from orchestration.runs.transitions import lock_run, touch_run, transition_run, transition_step
 from orchestration.workflows import decoded, parsing, templates
 from orchestration.workflows.steps import StepSpec
@@ -311,7 +311,7 @@ def _join(
     output: Any = values
     if spec.parallel is not None:
         output = {branch.branch_key: value for branch, value in zip(branches, values, strict=True)}
-    kept = artifacts.keep(
+    kept = files.keep(
         session,
         settings,
         owner=run.owner,
@@ -320,8 +320,10 @@ def _join(
         value=output,
         now=now,
     )
-    if isinstance(kept, str):
-        return fail(session, settings, run.id, f"step {spec.id}: {kept}", now, over=True)
+    if isinstance(kept, files.Refused):
+        return fail(
+            session, settings, run.id, f"step {spec.id}: {kept.problem}", now, over=kept.over
+        )
     parking.unpark(session, run, step, now)
     return finishing.complete(
         session,

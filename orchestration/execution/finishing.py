@@ -22,7 +22,7 @@ from orchestration.core.states import RunStatus, StepStatus, StopReason
 from orchestration.execution.outcomes import Halt, Outcome, Poll, Proceed
 from orchestration.execution.parking import unpark
 from orchestration.execution.rows import fail
-from orchestration.runs import artifacts, chains, closing, effects
+from orchestration.runs import artifacts, chains, closing, effects, files
 from orchestration.runs.transitions import touch_run, touch_step, transition_run, transition_step
 
 
@@ -45,10 +45,11 @@ def finish(
     recorded: Mapping[str, Any],
 ) -> Done[Outcome | EffectsDue]:
     """Record the turn's output (with ``recorded``, the other step columns the caller has to
-    write; an output over ``ORCH_INLINE_OUTPUT_BYTES`` as an artifact's reference); with
+    write; an output over ``ORCH_INLINE_OUTPUT_BYTES`` as an artifact's reference, its files
+    as artifacts' references, :mod:`orchestration.runs.files`); with
     ``captured`` (the inline checkpoint attempt), settle the effects and complete the step in
     this transaction, all of the step's columns in one statement."""
-    kept = artifacts.keep(
+    kept = files.keep(
         session,
         settings,
         owner=run.owner,
@@ -57,10 +58,11 @@ def finish(
         value=output,
         now=now,
     )
-    if isinstance(kept, str):
+    if isinstance(kept, files.Refused):
+        error = f"step {step.step_id}: {kept.problem}"
         return Done(
-            Halt("output too large"),
-            fail(session, settings, run.id, f"step {step.step_id}: {kept}", now, over=True),
+            Halt("output too large" if kept.over else "a file in the output is broken"),
+            fail(session, settings, run.id, error, now, over=kept.over),
         )
     unpark(session, run, step, now)
     values = {**recorded, "output": kept.value, "output_sha256": kept.sha256, "error": None}

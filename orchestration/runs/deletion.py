@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, exists, select, tuple_, update
+from sqlalchemy import ColumnElement, Text, and_, cast, delete, exists, or_, select, tuple_, update
 from sqlalchemy.orm import Session, aliased
 
 from orchestration.core.db import constant_in
@@ -47,7 +47,7 @@ from orchestration.core.models import (
 )
 from orchestration.core.settings import MARGIN_SECONDS, Settings
 from orchestration.core.states import RUN_LIVE, RUN_TERMINAL, EffectStatus, TurnStopStatus
-from orchestration.runs import artifacts, turns
+from orchestration.runs import artifacts, files, turns
 
 #: Every table that holds a run's rows, deleted in this order before the runs themselves.
 CHILDREN = (RunEvent, Effect, Checkpoint, Step)
@@ -64,10 +64,12 @@ class Deleted:
     counts: dict[str, int] = field(default_factory=dict)
     gone: list[Any] = field(default_factory=list)
     candidates: list[tuple[str, str]] = field(default_factory=list)
+    #: The candidates that are files an output names (:mod:`orchestration.runs.files`).
+    files: list[tuple[str, str]] = field(default_factory=list)
 
 
 def referenced(session: Session, run_ids: list[str]) -> list[tuple[str, str]]:
-    """The ``(owner, sha256)`` the steps of ``run_ids`` reference."""
+    """The ``(owner, sha256)`` the steps of ``run_ids`` reference as their outputs."""
     rows = session.execute(
         select(Run.owner, Step.output_sha256)
         .join(Run, Run.id == Step.run_id)
@@ -75,6 +77,32 @@ def referenced(session: Session, run_ids: list[str]) -> list[tuple[str, str]]:
         .distinct()
     ).all()
     return [(owner, str(sha256)) for owner, sha256 in rows]
+
+
+def named_files(session: Session, run_ids: Any) -> list[tuple[str, str]]:
+    """The ``(owner, sha256)`` of the files the outputs of ``run_ids``' steps (a list or a
+    select of ids) name; only outputs whose JSON mentions a file are read."""
+    rows = session.execute(
+        select(Run.owner, Step.output, Step.output_sha256)
+        .join(Run, Run.id == Step.run_id)
+        .where(Step.run_id.in_(run_ids), cast(Step.output, Text).contains('"file'))
+    ).all()
+    found = {
+        (owner, sha256) for owner, output, kept in rows for sha256 in files.named(output, kept)
+    }
+    return sorted(found)
+
+
+def names_file(*where: Any) -> ColumnElement[bool]:
+    """Whether a step of the artifact's owner (and ``where``) has an output that names the
+    artifact's hash: a search of the outputs' text (no column lists the files an output
+    names), so it is asked only of artifacts a deleted output named as a file."""
+    return exists().where(
+        Step.run_id == Run.id,
+        Run.owner == Artifact.owner,
+        cast(Step.output, Text).contains(Artifact.sha256),
+        *where,
+    )
 
 
 def delete_rows(session: Session, run_ids: list[str]) -> Deleted:
@@ -85,7 +113,8 @@ def delete_rows(session: Session, run_ids: list[str]) -> Deleted:
     branch_ids = list(session.scalars(select(Run.id).where(Run.parent_run_id.in_(run_ids))))
     every = run_ids + branch_ids
     deleted = Deleted({"runs": len(run_ids), "branch_runs": len(branch_ids)})
-    deleted.candidates = referenced(session, every)
+    deleted.files = named_files(session, every)
+    deleted.candidates = sorted(set(referenced(session, every)) | set(deleted.files))
     for model in CHILDREN:
         done = session.execute(
             delete(model)
@@ -105,11 +134,17 @@ def delete_rows(session: Session, run_ids: list[str]) -> Deleted:
 
 
 def delete_unreferenced(
-    session: Session, candidates: list[tuple[str, str]], *, stored_before: datetime | None = None
+    session: Session,
+    candidates: list[tuple[str, str]],
+    *,
+    files_named: list[tuple[str, str]] | None = None,
+    stored_before: datetime | None = None,
 ) -> tuple[int, list[str]]:
     """Delete the candidate artifacts that no step of their owner references any more (and,
     with ``stored_before``, that no store stamped since): the count, and the hashes no
-    owner's row names now (whose files may go, :func:`unlink`).
+    owner's row names now (whose files may go, :func:`unlink`). A candidate in
+    ``files_named`` (a file an output named) is referenced, too, while any output of the
+    owner's steps names its hash: a search of their text, so only those candidates pay it.
 
     The candidates' rows are locked first: a rerun or a launch that references one again
     stamps its row, so it either waits for this delete (and then finds it gone: a clear
@@ -119,11 +154,16 @@ def delete_unreferenced(
     if candidates:
         chosen = tuple_(Artifact.owner, Artifact.sha256).in_(candidates)
         session.execute(select(Artifact.sha256).where(chosen).with_for_update()).all()
-        still = exists().where(
+        still: ColumnElement[bool] = exists().where(
             Step.output_sha256 == Artifact.sha256,
             Step.run_id == Run.id,
             Run.owner == Artifact.owner,
         )
+        if files_named:
+            still = or_(
+                still,
+                and_(tuple_(Artifact.owner, Artifact.sha256).in_(files_named), names_file()),
+            )
         statement = delete(Artifact).where(chosen, ~still)
         if stored_before is not None:
             statement = statement.where(Artifact.used_at < stored_before)
@@ -200,7 +240,7 @@ def delete_owned(
     if why is not None:
         raise ConflictError(f"run {run_id} is {status} but still cleaning up: {why}")
     deleted = delete_rows(session, [run_id])
-    count, unnamed = delete_unreferenced(session, deleted.candidates)
+    count, unnamed = delete_unreferenced(session, deleted.candidates, files_named=deleted.files)
     workflow = name if version is None else f"{name}@{version}"
     session.add(
         RunDeletion(

@@ -35,6 +35,7 @@ from orchestration.runs import (
     artifacts,
     closing,
     concurrency,
+    files,
     launch_evidence,
     launch_statement,
     new_rows,
@@ -288,7 +289,7 @@ def _write(
     session.execute(_RUNS.insert(), launch_statement.set_columns(run))
     session.execute(_STEPS.insert(), [launch_statement.set_columns(row) for row in rows])
     if reuse is not None:
-        kept = {k.sha256 for k in reuse.outputs[: reuse.first] if k.sha256}
+        kept = {sha256 for k in reuse.outputs[: reuse.first] for sha256 in files.hashes(k)}
         artifacts.touch(session, owner, kept, now)
     judged = health.judge(session, settings, run.id, now)
     assert judged is not None

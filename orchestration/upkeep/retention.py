@@ -31,7 +31,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import delete, exists, func, select
+from sqlalchemy import delete, exists, func, select, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from orchestration.core.followups import Done, Transact
@@ -122,6 +122,26 @@ def count(session: Session, cutoff: datetime) -> dict[str, int]:
         )
         or 0
     )
+    named = deletion.named_files(session, select(every.c.id))
+    if named:
+        # Files only the deleted runs' outputs name (one that is also an output was counted).
+        counted["artifacts"] += (
+            session.scalar(
+                select(func.count())
+                .select_from(Artifact)
+                .where(
+                    tuple_(Artifact.owner, Artifact.sha256).in_(named),
+                    Artifact.used_at < cutoff,
+                    ~exists(
+                        select(Step.pk)
+                        .join(Run, Run.id == Step.run_id)
+                        .where(Run.owner == Artifact.owner, Step.output_sha256 == Artifact.sha256)
+                    ),
+                    ~deletion.names_file(Step.run_id.not_in(select(every.c.id))),
+                )
+            )
+            or 0
+        )
     counted[ScheduleFire.__tablename__] = (
         session.scalar(select(func.count()).select_from(ScheduleFire).where(*_old_fires(cutoff)))
         or 0
@@ -143,7 +163,7 @@ def delete_batch(session: Session, cutoff: datetime, batch: int) -> dict[str, An
     pruned_counts.keep(session, deleted.gone)
     report: dict[str, Any] = dict(deleted.counts)
     report["artifacts"], report["unnamed"] = deletion.delete_unreferenced(
-        session, deleted.candidates, stored_before=cutoff
+        session, deleted.candidates, files_named=deleted.files, stored_before=cutoff
     )
     return report
 

@@ -7,16 +7,22 @@ The agent runs in this process on a loopback port.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from chaos.duplicating import DuplicatingQueue
+from orchestration.core.db import session_scope, utcnow
 from orchestration.providers.a2a import context_id
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator, is_terminal
+from orchestration.surfaces.api import tokens
+from orchestration.surfaces.api.app import create_app
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
 from tests.support.a2a_agent import A2AAgent
@@ -63,6 +69,33 @@ def test_step_completes_with_the_agents_artifact(
     only = done.steps[0]
     assert (only.status, only.last_provider_status) == ("completed", "TASK_STATE_COMPLETED")
     assert agent.tasks_in(context_id(only.idempotency_key or "")) == [only.provider_run_id]
+
+
+def test_a_file_the_agent_answers_is_stored_by_hash_and_read_back_through_the_api(
+    agent: A2AAgent, stack: Stack, worker: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    text = "r\u00e9sum\u00e9 \u2713 line\n" * 300
+    sent = text.encode()
+    sha256 = hashlib.sha256(sent).hexdigest()
+    task = {"do": "complete", "text": "see the file", "file": text, "file_name": "cv.txt"}
+    run = orch.launch(flow(step(agent, task)), owner=owner)
+    done = finished(orch, run.id, owner)
+    assert (done.status, done.stop_reason, done.error) == ("completed", "completed", None)
+    reference = {"name": "cv.txt", "media_type": "text/plain", "sha256": sha256, "size": len(sent)}
+    assert done.result == ["see the file", {"file": reference}]
+    with session_scope(stack.settings.database_url) as session:
+        token = tokens.create(session, owner, "t", now=utcnow())
+        theirs = tokens.create(session, owner + "-other", "t", now=utcnow())
+    client = TestClient(create_app(orch), headers={"Authorization": f"Bearer {token}"})
+    record = client.get(f"/runs/{run.id}").json()
+    assert record["steps"][0]["output"] == ["see the file", {"file": reference}]
+    assert "base64" not in json.dumps(record)
+    reply = client.get(f"/artifacts/{sha256}")
+    assert reply.status_code == 200
+    assert reply.content == sent
+    assert reply.headers["content-type"].startswith("text/plain")
+    other = client.get(f"/artifacts/{sha256}", headers={"Authorization": f"Bearer {theirs}"})
+    assert other.status_code == 404
 
 
 def test_input_required_parks_for_a_human_and_the_answer_resumes_the_task(

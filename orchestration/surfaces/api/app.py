@@ -21,6 +21,7 @@ from orchestration.runtime.liveness import check
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import (
     agents,
+    artifacts,
     dashboard,
     deletions,
     errors,
@@ -90,6 +91,7 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     # Added last, so outermost: a refused body's 413 carries the headers too.
     app.add_middleware(SecurityHeaders)
     app.include_router(runs.router)
+    app.include_router(artifacts.router)
     app.include_router(deletions.router)
     app.include_router(workflows.router)
     app.include_router(agents.router)
