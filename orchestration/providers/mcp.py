@@ -307,7 +307,7 @@ class MCPProvider:
         """Give the task that asked (``request.asked``) the human's answer; its run id, which
         the resumed turn follows. A task that no longer waits (answered, or ended) is told
         nothing."""
-        if request.asked is None or request.asked.startswith(_SYNC):
+        if request.asked is None:
             raise PermanentProviderError(
                 "mcp: the answer names no MCP task that asked for it, so it cannot be given"
             )
