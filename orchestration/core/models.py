@@ -264,6 +264,9 @@ class Step(Base):
     prompt: Mapped[Any] = mapped_column(JSONType, nullable=True)
     #: The human's answer that the current attempt resumes with (``answer``).
     answer: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    #: The turn that asked for that answer, ``{key, provider_run_id}``: a runtime whose ids
+    #: it makes itself (an MCP task and its session) is found again only through it.
+    asked_turn: Mapped[Any] = mapped_column(JSONType, nullable=True)
     celery_task_id: Mapped[str | None] = mapped_column(String(64))
     worker: Mapped[str | None] = mapped_column(String(200))
     worker_pid: Mapped[int | None] = mapped_column(Integer)

@@ -92,6 +92,7 @@ def next_attempt(
             "last_provider_status": None,
             "prompt": None,
             "answer": null(),
+            "asked_turn": null(),
             "error": text,
             "retry_at": retry_at,
             "next_poll_at": retry_at,

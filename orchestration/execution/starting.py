@@ -95,12 +95,18 @@ def claim(
         row = session.get(Step, step.pk, populate_existing=True)
         assert run is not None and row is not None
         return approving.ask(session, settings, run, row, entry.spec, rendered, now)
-    answer, resuming = None, False
+    answer, resuming, asked = None, False, None
     if step.attempt > 1 and not step.unanswered:
-        # A turn that resumes a human park carries the answer; a retry does not.
-        answer = session.scalar(select(Step.answer).where(Step.pk == step.pk))
+        # A turn that resumes a human park carries the answer and names the turn that asked;
+        # a retry does neither.
+        answer, asked_turn = session.execute(
+            select(Step.answer, Step.asked_turn).where(Step.pk == step.pk)
+        ).one()
+        asked = (asked_turn or {}).get("provider_run_id")
         resuming = True
-    return Done(start_call(settings, entry, rendered, now, answer=answer, resuming=resuming))
+    return Done(
+        start_call(settings, entry, rendered, now, answer=answer, resuming=resuming, asked=asked)
+    )
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,7 @@ def start_call(
     *,
     answer: Any = None,
     resuming: bool = False,
+    asked: str | None = None,
 ) -> StartCall:
     """The start to send for the step ``entry`` fenced, its start claimed at ``claimed_at``."""
     step = entry.step
@@ -188,6 +195,7 @@ def start_call(
         options=entry.spec.options,
         resume=answer,
         resuming=resuming,
+        asked=asked,
         deadline=turns.start_deadline(settings, claimed_at),
     )
     return StartCall(request, step.provider, claimed_at)

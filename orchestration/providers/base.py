@@ -78,6 +78,9 @@ class TurnRequest:
     resume: JSON = None
     #: ``True`` when this turn resumes a park (``resume`` may legitimately be ``None``).
     resuming: bool = False
+    #: When resuming: the provider run id of the turn that asked (a runtime that makes its
+    #: own ids, such as MCP's tasks, answers that turn); ``None`` otherwise.
+    asked: str | None = None
     #: The latest moment (UTC) the turn may begin: the claim's time plus one call's bound,
     #: inside the window ``cancel`` waits for the claim. ``None``: no deadline.
     deadline: datetime | None = None

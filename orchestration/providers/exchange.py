@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +89,7 @@ class Exchange:
         repeatable: bool = True,
         charged: RequestBudget | None = None,
         raw: bool = False,
+        until: Callable[[bytes], bool] | None = None,
     ) -> Reply:
         """One request; a 2xx or a status in ``accept`` is returned, anything else raises.
 
@@ -98,7 +99,10 @@ class Exchange:
         fresh one that starts with the URL. ``content`` is a JSON body already rendered;
         ``json_body`` is rendered here. Headers are checked again as a workflow may write
         them (no framing or routing header, no CR/LF/NUL); the engine's ``Accept-Encoding``
-        wins. ``raw`` returns the body as text, unparsed (an event stream, say)."""
+        wins. ``raw`` returns the body as text, unparsed (an event stream, say). ``until``
+        sees a 2xx answer's body chunk by chunk as it arrives, and ends the read (and the
+        connection) early by returning ``True``: an event stream whose server waits on the
+        caller, say; the deadline and the size guard hold for it as for any read."""
         budget = charged
         if budget is None:
             budget = RequestBudget(self._settings.max_request_bytes, what)
@@ -125,7 +129,7 @@ class Exchange:
             raise PermanentProviderError(self.redact(f"{what}: {url}: {exc}")) from None
         delays = iter(_RETRY_DELAYS)
         while True:
-            got = self._once(request)
+            got = self._once(request, until)
             retry = got is None or (repeatable and got[0] in _RETRY_STATUSES)
             delay = next(delays, None) if retry else None
             if delay is not None and self._deadline.remaining() > delay:
@@ -135,7 +139,9 @@ class Exchange:
                 raise RetryableProviderError(self.redact(f"{what}: cannot reach {url}"))
             return self._reply(what, method, url, *got, accept, raw)
 
-    def _once(self, request: httpx.Request) -> tuple[int, bytes, httpx.Headers] | None:
+    def _once(
+        self, request: httpx.Request, until: Callable[[bytes], bool] | None
+    ) -> tuple[int, bytes, httpx.Headers] | None:
         """Status and body, or ``None`` when no connection could be made (nothing was sent).
 
         The body is read raw and only while it stays under :data:`MAX_RESPONSE_BYTES` and
@@ -153,6 +159,7 @@ class Exchange:
             response = self._client.send(request, stream=True)
             try:
                 _check_framing(what, response)
+                early = until if 200 <= response.status_code < 300 else None
                 chunks: list[bytes] = []
                 size = 0
                 for chunk in response.iter_raw():
@@ -162,6 +169,8 @@ class Exchange:
                         raise PermanentProviderError(f"{what}: answer over {MAX_RESPONSE_BYTES} B")
                     if self._deadline.remaining() <= 0:
                         raise httpx.ReadTimeout("answer still arriving at the deadline")
+                    if early is not None and early(chunk):
+                        break
             finally:
                 response.close()
         except httpx.ConnectError:

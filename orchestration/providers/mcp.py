@@ -19,6 +19,16 @@ start (same process) reports its answer; a tool that takes longer fails the step
 status that finds no answer (the worker that called died) fails it too: a synchronous
 call's answer lives nowhere else.
 
+A task that needs input asks through MCP elicitation (the client declares ``elicitation:
+{form: {}}``): its status is ``input_required``, its ``statusMessage`` the question, which the
+step parks with (``status`` never reads ``tasks/result`` then: that would take the question).
+The answer starts the step's next attempt, whose ``TurnRequest.asked`` is the asking turn's
+run id: the resumed start opens that task's session, reads ``tasks/result`` until the
+server's ``elicitation/create``, answers it (``accept``, the answer as the requested
+content) and returns the asking task's run id, which ``status`` then follows to its end. A
+task no longer ``input_required`` (``working``, ``completed``) was answered already: the
+start returns the same id and answers nothing twice.
+
 A redelivered start: MCP gives a requestor no name of its own for a task (the server makes
 the task id and the session id, and a task keeps nothing of the request), so a second start
 can find the first one's task only where it knows the first one's session. A start whose
@@ -92,6 +102,27 @@ def _parsed(run_id: str) -> tuple[str | None, str]:
         return found["session"], str(found["task"])
     except (ValueError, KeyError, TypeError):
         raise PermanentProviderError(f"mcp: {run_id[:80]!r} names no MCP task") from None
+
+
+_NOT_WAITING = "mcp: the task that asked is no longer waiting for an answer"
+
+
+def _accepted(wire: Wire, asked: Mapping[str, Any], answer: JSON) -> JSON:
+    """The reply to the task's question: the answer as the content it asks for (an object
+    as it is; anything else as the one property the question's schema has). An answer that
+    fits no content is refused, and the question dismissed so the tool does not wait on
+    it: the step fails saying what the tool asks for."""
+    if isinstance(answer, Mapping):
+        return {"action": "accept", "content": dict(answer)}
+    schema = asked.get("requestedSchema")
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    names = list(properties) if isinstance(properties, Mapping) else []
+    if len(names) == 1:
+        return {"action": "accept", "content": {names[0]: answer}}
+    raise PermanentProviderError(
+        f"mcp: the tool asks for {len(names)} values ({wire.shown(', '.join(map(str, names)))}); "
+        "answer with an object of them"
+    )
 
 
 def _keyed(request: TurnRequest) -> dict[str, str]:
@@ -241,18 +272,15 @@ class MCPProvider:
         return run_id
 
     def start(self, request: TurnRequest) -> str:
-        if request.resuming:
-            raise PermanentProviderError(
-                "mcp: a task that waits for input asks through MCP elicitation, which a "
-                "workflow step cannot answer; give the tool what it needs in with.arguments"
-            )
         with self._lock:
             known = self._started.get(request.key)
         if known is not None:
             return known
         options = request.options
-        values = self._values(options, request.input, request.key)
         bound = budget.clamp(self._start_bound(request.deadline) or self._settings.provider_timeout)
+        if request.resuming:
+            return self._remember(request.key, self._answer(request, bound))
+        values = self._values(options, request.input, request.key)
         with self._wire(options, bound) as wire:
             server = wire.open()
             if not self._as_task(server, self._tool(wire, str(options["tool"]))):
@@ -274,6 +302,33 @@ class MCPProvider:
                 + wire.shown(answer.result)
             )
         return self._remember(request.key, _run_id(wire.session, made["taskId"]))
+
+    def _answer(self, request: TurnRequest, bound: float) -> str:
+        """Give the task that asked (``request.asked``) the human's answer; its run id, which
+        the resumed turn follows. A task that no longer waits (answered, or ended) is told
+        nothing."""
+        if request.asked is None:
+            raise PermanentProviderError(
+                "mcp: the answer names no MCP task that asked for it, so it cannot be given"
+            )
+        session, task_id = _parsed(request.asked)
+        with self._wire(request.options, bound) as wire:
+            wire.resume(session, PROTOCOL)
+            try:
+                found = wire.call("tasks/get", {"taskId": task_id}, accept=(INVALID_PARAMS,))
+            except PermanentProviderError as exc:
+                raise PermanentProviderError(f"{_NOT_WAITING}: {exc}") from None
+            if found.code is not None:
+                raise PermanentProviderError(
+                    f"{_NOT_WAITING}: the server no longer has task {wire.shown(task_id)} "
+                    f"({found.message})"
+                )
+            word = mcp_results.status_word(found.result)
+            if word in ("cancelled", "failed"):
+                raise PermanentProviderError(f"{_NOT_WAITING}: the task is {word}")
+            if word == "input_required":
+                wire.answer(task_id, lambda asked: _accepted(wire, asked, request.resume))
+        return request.asked
 
     def _listed(self, wire: Wire) -> str | None:
         """The one task in this start's session, when its ``tools/call`` answer was lost

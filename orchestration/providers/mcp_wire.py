@@ -7,14 +7,22 @@ A :class:`Wire` speaks for one provider call: it opens a session (``initialize``
 to the session that made them), and sends every request through the caller's
 :class:`~orchestration.providers.exchange.Exchange`, so the egress rules, the secret binding,
 the byte budget and the call's hard deadline hold for each.
+
+An event stream is read as it arrives (:class:`_Events`): a server may ask the client
+something (a request of its own, such as ``elicitation/create``) on the stream of the request
+it is answering, and waits for the answer before it goes on. The client declares form
+elicitation (an MCP task that needs input asks through it; ``tasks/result`` delivers the
+question, :meth:`Wire.answer` answers it), so a request met inside any other call is
+declined at once rather than left to hang the call until its deadline.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+import re
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from orchestration.core.errors import PermanentProviderError, RetryableProviderError
 from orchestration.core.settings import Settings
@@ -31,6 +39,13 @@ SPOKEN = ("2025-11-25", "2025-06-18", "2025-03-26")
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 _INTERNAL = -32603
+#: What the client says it can do: answer a form elicitation (a task's question).
+CAPABILITIES: dict[str, Any] = {"elicitation": {"form": {}}}
+ELICIT = "elicitation/create"
+#: An elicitation that no person is there to answer (one met outside a resume).
+DECLINED = {"action": "decline"}
+#: A question whose answer could not be given: dismissed, so the tool does not wait on it.
+DISMISSED = {"action": "cancel"}
 _ACCEPT = "application/json, text/event-stream"
 _SNIPPET_CHARS = 300
 CLIENT = {"name": "orchestration", "version": "0.1.0"}
@@ -80,7 +95,7 @@ class Wire:
 
     def open(self) -> ServerInfo:
         """A new session: ``initialize`` (the version negotiated), then ``initialized``."""
-        params = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": CLIENT}
+        params = {"protocolVersion": PROTOCOL, "capabilities": CAPABILITIES, "clientInfo": CLIENT}
         answer = self.call("initialize", params)
         result = answer.result if isinstance(answer.result, dict) else {}
         protocol = result.get("protocolVersion")
@@ -153,8 +168,18 @@ class Wire:
         request_id = self._next_id
         body = params if values is not None else Verbatim(params)
         envelope = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": body}
-        text = self._post(what, envelope, values or {}, repeatable, headers or {})
-        message = _response(text, request_id)
+        answered: list[dict[str, Any]] = []
+
+        def seen(message: Any) -> bool:
+            if _answers(message, request_id):
+                answered.append(message)
+                return True
+            if _asks(message):
+                self.reply(message, DECLINED if message["method"] == ELICIT else None)
+            return False
+
+        text = self._post(what, envelope, values or {}, repeatable, headers or {}, seen)
+        message = answered[0] if answered else _response(text, request_id)
         if message is None:
             raise PermanentProviderError(
                 f"{what}: the server's answer holds no response to the request: {self.shown(text)}"
@@ -170,6 +195,59 @@ class Wire:
             raise PermanentProviderError(f"{what}: the server answered error {code}: {said}")
         return Answer(result=message.get("result"))
 
+    def answer(self, task_id: str, reply: Callable[[Mapping[str, Any]], JSON]) -> None:
+        """Answer the question task ``task_id`` waits on: ``tasks/result`` (which delivers
+        it, once) read until the server's ``elicitation/create``, whose answer,
+        ``reply(params)``, is POSTed while the stream is open; the stream is then closed (a
+        later ``tasks/result`` reads the task's result). A ``reply`` that raises
+        ``PermanentProviderError`` dismisses the question first, so the tool does not wait
+        on it. A stream that ends with the task's result had no question waiting; one that
+        brings neither ends at the deadline (``RetryableProviderError``)."""
+        what = "mcp tasks/result"
+        self._next_id += 1
+        request_id = self._next_id
+        params = Verbatim({"taskId": task_id})
+        envelope = {"jsonrpc": "2.0", "id": request_id, "method": "tasks/result", "params": params}
+        asked: list[Mapping[str, Any]] = []
+
+        def seen(message: Any) -> bool:
+            if _answers(message, request_id):
+                return True
+            if not _asks(message):
+                return False
+            if message["method"] != ELICIT:
+                self.reply(message, None)
+                return False
+            asked.append(message)
+            question = message.get("params")
+            try:
+                result = reply(question if isinstance(question, dict) else {})
+            except PermanentProviderError:
+                self.reply(message, DISMISSED)
+                raise
+            self.reply(message, result)
+            return True
+
+        text = self._post(what, envelope, {}, True, {}, seen)
+        found = None if asked else _response(text, request_id)
+        error = found.get("error") if found is not None else None
+        if not asked and (found is None or isinstance(error, dict)):
+            said = self.shown(error.get("message") if isinstance(error, dict) else text)
+            raise PermanentProviderError(
+                f"{what}: the server sent neither the task's question nor its result: {said}"
+            )
+
+    def reply(self, request: Mapping[str, Any], result: JSON) -> None:
+        """Answer a request the server sent: ``result``, or (``None``) the error that the
+        client does not serve that method."""
+        envelope: dict[str, Any] = {"jsonrpc": "2.0", "id": request.get("id")}
+        if result is None:
+            method = self.shown(request.get("method"))
+            envelope["error"] = {"code": METHOD_NOT_FOUND, "message": f"not served: {method}"}
+        else:
+            envelope["result"] = Verbatim(result)
+        self._post(f"mcp answer to {self.shown(request.get('method'))}", envelope, {}, False, {})
+
     def _post(
         self,
         what: str,
@@ -177,7 +255,10 @@ class Wire:
         values: Mapping[str, JSON],
         repeatable: bool,
         headers: Mapping[str, str],
+        seen: Callable[[Any], bool] | None = None,
     ) -> str:
+        """POST ``envelope``; the answer's text. ``seen`` gets each message of an event
+        stream as it arrives, and ends the read by returning ``True``."""
         budget = RequestBudget(self._settings.max_request_bytes, what)
         budget.charge(len(self._url.encode()))
         content = fill_body(envelope, values, budget)
@@ -191,6 +272,7 @@ class Wire:
             repeatable=repeatable,
             charged=budget,
             raw=True,
+            until=None if seen is None else _Events(seen).feed,
         )
         if reply.status == 404:
             raise PermanentProviderError(
@@ -243,14 +325,63 @@ def _messages(text: str) -> list[Any]:
     return found
 
 
+def _answers(message: Any, request_id: int) -> TypeGuard[dict[str, Any]]:
+    """Whether ``message`` is the response to ``request_id``."""
+    return (
+        isinstance(message, dict)
+        and message.get("id") == request_id
+        and ("result" in message or "error" in message)
+    )
+
+
+def _asks(message: Any) -> bool:
+    """Whether ``message`` is a request of the server's (which waits for an answer)."""
+    return isinstance(message, dict) and "id" in message and isinstance(message.get("method"), str)
+
+
+#: A line's end in an event stream: CRLF, LF or CR.
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class _Events:
+    """The JSON-RPC messages of an event stream as its chunks arrive, each handed to ``seen``
+    (``True``: read no further). Only the line being received is kept, so the work is linear
+    in what arrives; a JSON body, which has no ``data:`` lines, yields nothing here."""
+
+    def __init__(self, seen: Callable[[Any], bool]) -> None:
+        self._seen = seen
+        self._line: list[bytes] = []
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> bool:
+        self._line.append(chunk)
+        if b"\n" not in chunk and b"\r" not in chunk:
+            return False
+        text = b"".join(self._line)
+        # A CR last may be the first half of a CRLF: keep it for the next chunk.
+        cut = len(text) - 1 if text.endswith(b"\r") else len(text)
+        lines = _LINE_END.split(text[:cut])
+        self._line = [lines.pop() + text[cut:]]
+        for line in lines:
+            if line.startswith(b"data:"):
+                self._data.append(line[5:].removeprefix(b" "))
+            elif not line and self._data and self._dispatch():
+                return True
+        return False
+
+    def _dispatch(self) -> bool:
+        data, self._data = b"\n".join(self._data), []
+        try:
+            message = json.loads(data)
+        except ValueError:
+            return False
+        return self._seen(message)
+
+
 def _response(text: str, request_id: int) -> dict[str, Any] | None:
     """The response to ``request_id`` among the answer's messages (a server may send its
     own notifications or requests first)."""
     for message in _messages(text):
-        if (
-            isinstance(message, dict)
-            and message.get("id") == request_id
-            and ("result" in message or "error" in message)
-        ):
+        if _answers(message, request_id):
             return message
     return None

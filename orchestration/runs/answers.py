@@ -57,6 +57,9 @@ def resume(
         values={
             "attempt": attempt,
             "answer": value,
+            # The turn that asked: a runtime that names it only by its own ids (MCP) finds
+            # it through this, the next attempt's key being new.
+            "asked_turn": {"key": step.idempotency_key, "provider_run_id": step.provider_run_id},
             "prompt": None,
             "provider_run_id": None,
             "idempotency_key": new_rows.idempotency_key(run_id, step_id, attempt),

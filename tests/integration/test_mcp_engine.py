@@ -8,6 +8,7 @@ on loopback ports: one runs tool calls as tasks, one does not.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from orchestration.providers.base import ProviderStatus, TurnRef
 from orchestration.providers.mcp import MCPProvider
 from orchestration.runtime.celery_queue import client_queue
 from orchestration.runtime.processes import ManagedProcess
-from orchestration.service import Orchestrator
+from orchestration.service import Orchestrator, is_terminal
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
 from tests.support.mcp_server import MCPServer, mcp_server_url, start_mcp_server
@@ -77,6 +78,31 @@ def test_a_tool_error_fails_the_step_with_the_tools_words(
     done = finished(orch, run.id, owner)
     assert (done.status, done.stop_reason) == ("failed", "step_failed")
     assert "the tool failed: quota spent" in (done.error or ""), done.error
+
+
+def test_a_task_that_asks_parks_and_the_answer_resumes_it(
+    server: MCPServer, worker: ManagedProcess, orch: Orchestrator, owner: str
+) -> None:
+    run = orch.launch(flow(step(server, "ask", {"question": "which region?"})), owner=owner)
+    parked = wait_for(
+        lambda: ((r := orch.get(run.id, owner=owner)).status == "parked" or is_terminal(r)) and r,
+        20,
+        what="the run parks (or ends)",
+    )
+    assert (parked.status, parked.park_reason) == ("parked", "human"), parked.error
+    asked = parked.steps[0]
+    assert (asked.prompt, asked.last_provider_status) == ("which region?", "input_required")
+    task_id = json.loads(asked.provider_run_id or "{}")["task"]
+
+    orch.answer(run.id, "s1", "eu-west", owner=owner)
+    done = finished(orch, run.id, owner)
+    assert (done.status, done.result) == ("completed", "eu-west"), done.error
+    last = done.steps[0]
+    assert (last.attempt, last.provider_run_id) == (2, asked.provider_run_id)
+    answered = [r for r in server.replies if str(r.get("id")).startswith(f"task-{task_id}-")]
+    assert [r["result"] for r in answered] == [
+        {"action": "accept", "content": {"answer": "eu-west"}}
+    ]
 
 
 def test_cancel_cancels_the_servers_task(

@@ -201,9 +201,10 @@ def test_input_required_then_resume(adapter: Adapter, server: Any, provider: Pro
     req, run_id = _start(provider, asking)
     observed, _ = _settled(provider, _ref(req, run_id))
     assert (observed.status, observed.prompt) == (ProviderStatus.INPUT_REQUIRED, asking.prompt)
-    # The human's answer is the step's next attempt, resuming the park.
+    # The human's answer is the step's next attempt, resuming the park; it names the turn
+    # that asked, as the engine does.
     answer, answer_id = _start(
-        provider, resumed, run=req.run_id, attempt=2, resume=ANSWER, resuming=True
+        provider, resumed, run=req.run_id, attempt=2, resume=ANSWER, resuming=True, asked=run_id
     )
     assert provider.start(answer) == answer_id  # redelivered: still one resumption
     observed, _ = _settled(provider, _ref(answer, answer_id))

@@ -8,6 +8,7 @@ by ``test_figures``; run with ``-s`` to see them.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 import uuid
@@ -29,7 +30,7 @@ from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest, T
 from orchestration.providers.mcp import MCPProvider
 from tests.conftest import wait_for
 from tests.support.conformance import silent
-from tests.support.hostile_servers import HostileServer
+from tests.support.hostile_servers import Conversation, HostileServer
 from tests.support.mcp_server import NAME, VERSION, MCPServer, start_mcp_server
 
 pytestmark = pytest.mark.integration
@@ -164,17 +165,95 @@ def test_a_tool_error_fails_the_turn_with_the_tools_words(
         )
 
 
-def test_a_task_that_asks_for_input_parks_with_its_question(
+def answering(request: TurnRequest, asked: str, answer: Any) -> TurnRequest:
+    """The step's next attempt, resuming with ``answer`` the turn whose run id is ``asked``
+    (as the engine builds it)."""
+    return TurnRequest(
+        key=f"{request.run_id}:step:{request.attempt + 1}",
+        run_id=request.run_id,
+        step_id=request.step_id,
+        attempt=request.attempt + 1,
+        input=request.input,
+        options=request.options,
+        resume=answer,
+        resuming=True,
+        asked=asked,
+    )
+
+
+def answers_to(server: MCPServer, task_id: str) -> list[dict[str, Any]]:
+    """What the client answered to the server's questions about task ``task_id``."""
+    return [r for r in server.replies if str(r.get("id", "")).startswith(f"task-{task_id}-")]
+
+
+def test_a_task_that_asks_is_answered_from_another_process_and_completes(
     server: MCPServer, provider: MCPProvider
 ) -> None:
     request = turn(server, "ask", {"question": "which region?"})
     run_id = provider.start(request)
+    task_id = json.loads(run_id)["task"]
     observed, _ = settled(provider, ref(request, run_id))
     assert (observed.status, observed.prompt) == (ProviderStatus.INPUT_REQUIRED, "which region?")
-    answer = TurnRequest(**{**request.__dict__, "resume": "eu", "resuming": True})
-    with pytest.raises(PermanentProviderError, match="elicitation"):
-        provider.start(answer)
+    # Polling a waiting task leaves its question where the answer will find it.
+    assert provider.status(ref(request, run_id)).prompt == "which region?"
+    answer = answering(request, run_id, "eu-west")
+    resumed = MCPProvider(settings())  # another worker process: it knows only the request
+    assert resumed.start(answer) == run_id
+    assert [r["result"] for r in answers_to(server, task_id)] == [
+        {"action": "accept", "content": {"answer": "eu-west"}}
+    ]
+    observed, _ = settled(resumed, ref(answer, run_id))
+    assert (observed.status, observed.output) == (ProviderStatus.COMPLETED, "eu-west")
+
+
+def test_an_answer_given_twice_answers_once(server: MCPServer, provider: MCPProvider) -> None:
+    request = turn(server, "ask", {"question": "which branch?"})
+    run_id = provider.start(request)
+    task_id = json.loads(run_id)["task"]
+    settled(provider, ref(request, run_id))
+    answer = answering(request, run_id, {"branch": "left"})
+    assert MCPProvider(settings()).start(answer) == run_id
+    # Redelivered to a worker that never saw it: the task no longer waits, nothing is sent.
+    assert MCPProvider(settings()).start(answer) == run_id
+    assert [r["result"] for r in answers_to(server, task_id)] == [
+        {"action": "accept", "content": {"branch": "left"}}
+    ]
+    observed, _ = settled(provider, ref(answer, run_id))
+    assert (observed.status, observed.output) == (ProviderStatus.COMPLETED, {"branch": "left"})
+    assert MCPProvider(settings()).start(answer) == run_id  # and once it has completed
+    assert len(answers_to(server, task_id)) == 1
+
+
+def test_an_answer_to_a_task_that_no_longer_waits_is_refused(
+    server: MCPServer, provider: MCPProvider
+) -> None:
+    request = turn(server, "ask", {"question": "which region?"})
+    run_id = provider.start(request)
+    settled(provider, ref(request, run_id))
     provider.cancel(ref(request, run_id))
+    answer = answering(request, run_id, "eu-west")
+    with pytest.raises(PermanentProviderError, match=r"no longer waiting.*cancelled"):
+        MCPProvider(settings()).start(answer)
+    gone = json.dumps({"task": "no-such-task", "session": "no-such-session"})
+    with pytest.raises(PermanentProviderError, match="no longer waiting"):
+        MCPProvider(settings()).start(answering(request, gone, "eu-west"))
+    with pytest.raises(PermanentProviderError, match="names no MCP task"):
+        MCPProvider(settings()).start(answering(request, None, "eu-west"))
+    assert answers_to(server, json.loads(run_id)["task"]) == []
+
+
+def test_a_synchronous_call_that_asks_is_declined_at_once(
+    plain: MCPServer, provider: MCPProvider
+) -> None:
+    request = turn(plain, "ask", {"question": "which region?"})
+    began = time.monotonic()
+    observed = provider.status(ref(request, provider.start(request)))
+    assert time.monotonic() - began < 1.5, "the question is declined, not left to the deadline"
+    assert (observed.status, observed.error) == (
+        ProviderStatus.FAILED,
+        "the tool failed: the question was not answered (decline)",
+    )
+    assert plain.replies[-1]["result"] == {"action": "decline"}
 
 
 def test_a_redelivered_start_makes_one_task(server: MCPServer) -> None:
@@ -272,6 +351,41 @@ def test_status_and_cancel_of_a_task_whose_server_hangs_end_at_the_deadline(
             assert time.monotonic() - began < 1 + 6.0, call
         assert len(hanging.requests) == 2, "each call reached the hanging server"
     provider.cancel(ref(request, run_id))
+
+
+def question_taken(talk: Conversation) -> None:
+    """An MCP server whose task waits for input but whose question another reader took (a
+    worker that died after ``tasks/result`` gave it the question): ``tasks/get`` says
+    ``input_required``; ``tasks/result`` streams notifications, never the question."""
+    sent = json.loads(talk.request.body)
+    if sent["method"] == "tasks/get":
+        task = {"taskId": "t1", "status": "input_required", "statusMessage": "which region?"}
+        body = json.dumps({"jsonrpc": "2.0", "id": sent["id"], "result": task}).encode()
+        head = "Content-Type: application/json\r\nConnection: close\r\nContent-Length: "
+        talk.send(f"HTTP/1.1 200 OK\r\n{head}{len(body)}\r\n\r\n".encode() + body)
+        return
+    talk.send(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    event = b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{}}\n\n'
+    while True:
+        talk.send(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+        talk.pause(0.05)
+
+
+def test_an_answer_whose_question_never_comes_ends_at_the_deadline(server: MCPServer) -> None:
+    provider = MCPProvider(settings(provider_timeout=1))
+    with HostileServer(question_taken) as hanging:
+        request = turn(server, "ask", options={"url": hanging.url})
+        asked = json.dumps({"task": "t1", "session": "s1"})
+        began = time.monotonic()
+        with pytest.raises(RetryableProviderError, match="no answer within"):
+            provider.start(answering(request, asked, "eu-west"))
+        assert time.monotonic() - began < 1 + 6.0
+        assert [json.loads(r.body)["method"] for r in hanging.requests] == [
+            "tasks/get",
+            "tasks/result",
+        ]
 
 
 def test_the_server_and_the_tool_are_the_evidence(

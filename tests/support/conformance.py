@@ -386,12 +386,6 @@ MCP = Adapter(
     aim=lambda url, secret: {**_mcp_options(url, "echo", secret), "arguments": {"text": "{task}"}},
     # A task and its session, as mcp's run ids are: status and cancel then reach the server.
     stand_in=json.dumps({"task": "task-1", "session": None}, separators=(",", ":")),
-    gaps={
-        "test_input_required_then_resume": (
-            "a task waiting for input asks through MCP elicitation, which a workflow step "
-            "cannot answer: the resumed start fails (PermanentProviderError) saying so"
-        ),
-    },
 )
 
 
@@ -411,7 +405,7 @@ MCP_SYNC = Adapter(
     works=MCP.works,
     fails=MCP.fails,
     turns=_mcp_turns,
-    # Without tasks the ask tool answers its question at once: nothing parks.
+    # Without tasks the ask tool asks within the call, and the provider declines: nothing parks.
     asks=MCP.asks,
     aim=MCP.aim,
     stand_in=MCP.stand_in,
@@ -420,8 +414,9 @@ MCP_SYNC = Adapter(
         "test_cancel_is_bounded_and_idempotent_on_a_live_and_a_finished_turn": _NO_RUNNING,
         "test_figures": _NO_RUNNING,
         "test_input_required_then_resume": (
-            "a server without tasks has no input_required: a tool that needs input answers "
-            "the call (the test server's ask tool answers its question), and nothing resumes"
+            "a server without tasks has no input_required: a tool that needs input asks within "
+            "the call, which the provider declines (no person is there to answer it), so the "
+            "call ends (the test server's ask tool with an error) and nothing resumes"
         ),
     },
 )

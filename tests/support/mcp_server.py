@@ -13,15 +13,20 @@ Tools:
 * ``work {seconds, text}``: works ``seconds`` (default 0.5), then answers the text, and
   ``{"text", "seconds"}`` as structured content;
 * ``fail {message}``: answers ``isError`` with the message;
-* ``ask {question}``: as a task, waits for input (``input_required``, the question as the
-  status message) until cancelled.
+* ``ask {question}``: asks the client the question the spec's way, by form elicitation
+  (``{answer: string}``), and answers with the answer: the text of ``answer``, or the whole
+  content (structured) when it holds other fields; a declined question answers an error. As
+  a task it says the question first (``statusMessage``) and waits ``input_required`` until
+  the client answers through ``tasks/result``, or the task is cancelled. Outside a task, to
+  a client that does not declare elicitation, it answers its question at once.
 
 Knobs: ``token`` makes every request carry ``Authorization: Bearer TOKEN`` (a wrong one is
 refused with a 401 that echoes it, as careless services do); ``json_response`` answers JSON
 instead of an event stream; ``lose_answers`` replaces that many of the next ``tools/call``
 answers with a 502, after the server acted on the call (an answer lost on the way back).
 ``calls`` counts the ``tools/call`` requests each tool received, ``made`` the tasks the server
-made for each, ``keys`` the ``Idempotency-Key`` header of each ``tools/call``.
+made for each, ``keys`` the ``Idempotency-Key`` header of each ``tools/call``, ``replies`` the
+JSON-RPC responses the client sent to the server's own requests (its answers to questions).
 
 Start one from a test with :func:`start_mcp_server` (returns the running server, ``url`` set)
 or :func:`mcp_server_url` (a context manager yielding its URL),
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -72,7 +78,7 @@ def _tools(tasks: bool) -> list[types.Tool]:
         "echo": ("Answers the text at once.", _schema(text="string")),
         "work": ("Works a while, then answers the text.", _schema(seconds="number", text="string")),
         "fail": ("Answers an error with the message.", _schema(message="string")),
-        "ask": ("As a task, waits for input until cancelled.", _schema(question="string")),
+        "ask": ("Asks the question, then answers the answer.", _schema(question="string")),
     }
     return [
         types.Tool(name=name, description=text, inputSchema=schema, execution=execution)
@@ -82,6 +88,26 @@ def _tools(tasks: bool) -> list[types.Tool]:
 
 def _text(text: str) -> list[types.TextContent]:
     return [types.TextContent(type="text", text=text)]
+
+
+#: What the ``ask`` tool asks for.
+_ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+}
+
+
+def _answered(result: types.ElicitResult) -> types.CallToolResult:
+    """The ``ask`` tool's answer: the answer's text, or the content when it holds more."""
+    content = result.content or {}
+    if result.action != "accept":
+        return types.CallToolResult(
+            content=_text(f"the question was not answered ({result.action})"), isError=True
+        )
+    if set(content) == {"answer"}:
+        return types.CallToolResult(content=_text(str(content["answer"])))
+    return types.CallToolResult(content=_text(json.dumps(content)), structuredContent=content)
 
 
 async def _run(name: str, args: dict[str, Any]) -> types.CallToolResult:
@@ -120,23 +146,36 @@ def build(tasks: bool, calls: Counter[str], made: Counter[str]) -> Server[Any, A
     async def call_tool(name: str, args: dict[str, Any]) -> Any:
         calls[name] += 1
         ctx = server.request_context
+        question = str(args.get("question", "?"))
         if store is None or not ctx.experimental.is_task:
+            asks = ctx.session.check_client_capability(
+                types.ClientCapabilities(elicitation=types.ElicitationCapability())
+            )
+            if name == "ask" and asks:
+                return _answered(
+                    await ctx.session.elicit_form(question, _ANSWER_SCHEMA, ctx.request_id)
+                )
             return await _run(name, args)
         made[name] += 1
 
         async def work(task: ServerTaskContext) -> types.CallToolResult:
             if name == "ask":
-                # What elicitation does to the task, without a client able to answer it.
-                question = str(args.get("question", "?"))
-                await store.update_task(
-                    task.task_id, status="input_required", status_message=question
-                )
-                await anyio.sleep_forever()
+                # The question first as the task's status message (what a poller sees), then
+                # the elicitation, which tasks/result delivers to the client.
+                await task.update_status(question)
+                return _answered(await task.elicit(question, _ANSWER_SCHEMA))
             return await _run(name, args)
 
         return await ctx.experimental.run_task(work)
 
     return server
+
+
+def _parsed(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 class _Gate:
@@ -172,6 +211,9 @@ class _Gate:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
 
+        sent = _parsed(body)
+        if isinstance(sent, dict) and "method" not in sent and "id" in sent:
+            self.server.replies.append(sent)
         if b'"tools/call"' in body:
             self.server.keys.append(dict(scope["headers"]).get(b"idempotency-key", b"").decode())
         if self.server.lose_answers > 0 and b'"tools/call"' in body:
@@ -199,6 +241,7 @@ class MCPServer:
     calls: Counter[str] = field(default_factory=Counter)
     made: Counter[str] = field(default_factory=Counter)
     keys: list[str] = field(default_factory=list)
+    replies: list[dict[str, Any]] = field(default_factory=list)
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
 

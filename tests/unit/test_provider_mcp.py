@@ -24,7 +24,7 @@ from orchestration.core.errors import (
     ValidationError,
 )
 from orchestration.core.settings import Settings
-from orchestration.providers import mcp_results, mcp_wire
+from orchestration.providers import mcp, mcp_results, mcp_wire
 from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest
 from orchestration.providers.mcp import MCPProvider
 from orchestration.providers.request_budget import RequestBudget, fill_body
@@ -223,6 +223,67 @@ def test_the_response_is_found_in_an_event_stream() -> None:
     }
     assert mcp_wire._response("", 1) is None
     assert mcp_wire._response("{not json", 1) is None
+
+
+def test_an_event_stream_is_read_message_by_message_however_it_is_cut() -> None:
+    stream = (
+        b": keep-alive\r\n\r\n"
+        b'event: message\r\ndata: {"jsonrpc":"2.0","method":"notifications/progress"}\r\n\r\n'
+        b'data: {"jsonrpc":"2.0","id":"task-1-1",\r\ndata: "method":"elicitation/create"}\r\r'
+        b"data: not json\n\n"
+        b'data: {"jsonrpc":"2.0","id":2,"result":{}}\n\n'
+        b'data: {"jsonrpc":"2.0","id":3,"result":{}}\n\n'
+    )
+    progress = {"jsonrpc": "2.0", "method": "notifications/progress"}
+    question = {"jsonrpc": "2.0", "id": "task-1-1", "method": "elicitation/create"}
+    answers = [{"jsonrpc": "2.0", "id": n, "result": {}} for n in (2, 3)]
+    for size in (1, 2, 7, len(stream)):  # every CRLF split across two chunks, among others
+        assert _read(stream, size, stop_at="task-1-1") == [progress, question], size
+        assert _read(stream, size, stop_at="no such id") == [progress, question, *answers], size
+
+
+def _read(stream: bytes, size: int, stop_at: str) -> list[Any]:
+    """The messages an event stream cut in ``size``-byte chunks yields, read until the one
+    whose id is ``stop_at`` (as the exchange reads: no chunk after the reader said stop)."""
+    seen: list[Any] = []
+
+    def wanted(message: Any) -> bool:
+        seen.append(message)
+        return message.get("id") == stop_at
+
+    events = mcp_wire._Events(wanted)
+    for at in range(0, len(stream), size):
+        if events.feed(stream[at : at + size]):
+            break
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("answer", "schema", "content"),
+    [
+        ("eu", {"properties": {"answer": {"type": "string"}}}, {"answer": "eu"}),
+        (3, {"properties": {"count": {"type": "number"}}}, {"count": 3}),
+        ({"a": 1, "b": "x"}, {"properties": {"a": {}, "b": {}}}, {"a": 1, "b": "x"}),
+        ({"branch": "left"}, {"properties": {"answer": {}}}, {"branch": "left"}),
+    ],
+)
+def test_an_answer_is_the_content_the_question_asks_for(
+    answer: Any, schema: dict[str, Any], content: dict[str, Any]
+) -> None:
+    wire = mcp_wire.Wire(None, URL, {}, Settings())  # type: ignore[arg-type]
+    assert mcp._accepted(wire, {"requestedSchema": schema}, answer) == {
+        "action": "accept",
+        "content": content,
+    }
+
+
+def test_an_answer_that_fits_no_content_is_refused_naming_what_is_asked() -> None:
+    wire = mcp_wire.Wire(None, URL, {}, Settings())  # type: ignore[arg-type]
+    schema = {"properties": {"region": {}, "size": {}}}
+    with pytest.raises(PermanentProviderError, match=r"2 values \(region, size\)"):
+        mcp._accepted(wire, {"requestedSchema": schema}, "eu")
+    with pytest.raises(PermanentProviderError, match="0 values"):
+        mcp._accepted(wire, {}, "eu")
 
 
 # --- what a task and a result say ------------------------------------------------------

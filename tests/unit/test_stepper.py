@@ -17,7 +17,7 @@ from orchestration.core.models import Checkpoint, Effect
 from orchestration.core.settings import Settings
 from orchestration.core.states import EffectStatus, ParkReason, RunStatus, StepStatus, StopReason
 from orchestration.execution import Halt, Outcome, Poll, Proceed, Stepper
-from orchestration.providers.base import ProviderStatus, TurnRef
+from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest
 from orchestration.providers.scripted import TURNS, ScriptedProvider, store_url
 from orchestration.runs import cancellation
 from orchestration.runs.closing import end_run
@@ -357,6 +357,41 @@ def test_an_answer_resumes_the_human_park_with_a_new_attempt(
         f"{run_id}:a:1",
         f"{run_id}:a:2",
     ]
+
+
+def test_an_answer_keeps_the_asking_turn_and_the_resumed_start_names_it(
+    settings: Settings, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[TurnRequest] = []
+    real_start = ScriptedProvider.start
+
+    def start(self: ScriptedProvider, request: TurnRequest) -> str:
+        started.append(request)
+        return real_start(self, request)
+
+    monkeypatch.setattr(ScriptedProvider, "start", start)
+    definition = workflow(step_spec(with_={"states": [["input_required"]]}))
+    run_id = launch(settings, definition, now=clock())
+    stepper = _stepper(settings, clock)
+    drive(stepper, run_id, 0, 0)
+    [asking] = steps_of(settings, run_id)
+    assert asking.provider_run_id is not None
+    orchestrator = Orchestrator(settings, RecordingDispatcher(), clock=clock)
+    orchestrator.answer(run_id, "a", "left", owner="owner-1")
+    [step] = steps_of(settings, run_id)
+    assert (step.provider_run_id, step.asked_turn) == (
+        None,
+        {"key": f"{run_id}:a:1", "provider_run_id": asking.provider_run_id},
+    )
+    drive(stepper, run_id, 0, step.polls)
+    first, resumed = started
+    assert (first.resuming, first.asked) == (False, None)
+    assert (resumed.key, resumed.resume, resumed.resuming, resumed.asked) == (
+        f"{run_id}:a:2",
+        "left",
+        True,
+        asking.provider_run_id,
+    )
 
 
 def test_rate_limited_parks_engine_limit_until_the_reset(settings: Settings, clock: Clock) -> None:
