@@ -5,7 +5,7 @@ entries a run's steps named as they were at launch; ``steps.evidence`` what the 
 said of itself at launch and at the turn's start.
 
 Revision ID: 0020
-Revises: 0016
+Revises: 0019
 Create Date: 2026-12-05
 """
 

@@ -1,7 +1,7 @@
 """run deletions: the audit of runs their owners deleted (``orchestration delete``)
 
 Revision ID: 0021
-Revises: 0016
+Revises: 0020
 Create Date: 2026-12-05
 """
 
