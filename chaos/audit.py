@@ -139,6 +139,7 @@ MUST_BE_ZERO = (
     "secrets_seen_by_hostile_servers",
     "secrets_stored",
     "hostile_launches_not_refused",
+    "hostile_launches_refused_unplanned",
     "worker_memory_over_bound",
 )
 

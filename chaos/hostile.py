@@ -1,11 +1,12 @@
 """Hostile owners beside the plain ones: tenants that use every freedom a workflow gives them
 to hurt the fleet, so the audit can show that plain owners keep their promises and their pace.
 
-* **Hostile agents** (``chaos-hostile-agents``): http steps aimed at services on loopback that
-  drip bytes, answer ``102 Processing`` for ever, report an output over
-  ``ORCH_MAX_OUTPUT_BYTES``, or echo the request's headers, a bound secret included
-  (:mod:`tests.support.hostile_agents`). A step that names the secret for a server it is not
-  bound to is planned too: its launch must be refused.
+* **Hostile agents** (``chaos-hostile-agents``): steps naming agents that the operator
+  registered (``agents add``, the only way a tenant reaches a host), http services on loopback
+  that drip bytes, answer ``102 Processing`` for ever, report an output over
+  ``ORCH_MAX_OUTPUT_BYTES``, or echo the request's headers, the secret bound to the echo agent
+  included (:mod:`tests.support.hostile_agents`). A step that adds that secret to another
+  agent's headers is planned too: its launch must be refused.
 * **A schedule storm** (``chaos-hostile-storm``): as many schedules as the owner can register,
   each with the smallest ``every`` allowed, firing all through the launch window.
 * **A fan-out at its budget** (``chaos-hostile-fanout``): a ``for_each`` of exactly
@@ -26,9 +27,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chaos.population import MAX_STEP_TIMEOUT, RunPlan
+from orchestration.core.db import session_scope, utcnow
 from orchestration.core.errors import ValidationError
 from orchestration.core.settings import Settings
 from orchestration.service import Orchestrator
+from orchestration.workflows import agents as registry
 from orchestration.workflows.schedules import MIN_EVERY
 from tests.support.hostile_agents import KINDS, HostileAgent
 
@@ -101,6 +104,20 @@ class HostileAgents:
         for agent in self.agents.values():
             agent.stop()
 
+    def register(self, settings: Settings) -> None:
+        """Register each service as the operator would: an http agent whose entry holds its
+        URL, its request specs and, for the echo agent, the secret bound to it."""
+        with session_scope(settings.database_url) as session:
+            for kind, agent in self.agents.items():
+                entry = registry.Entry(
+                    name=agent_name(kind),
+                    provider="http",
+                    url=agent.url,
+                    secret=SECRET_NAME if kind == "echo" else None,
+                    options=_ENDPOINTS,
+                )
+                registry.add(session, settings, entry, utcnow())
+
     def env(self) -> dict[str, str]:
         """The secret's value, and its declaration bound to the echo agent alone."""
         bound = {SECRET_NAME: [self.agents["echo"].host]}
@@ -122,19 +139,34 @@ class HostileAgents:
         return [agent.describe() for agent in self.agents.values()]
 
 
-def _agent_flow(
-    agents: HostileAgents, kind: str, rng: random.Random, secret: bool
-) -> dict[str, Any]:
-    agent = agents.agents[kind]
-    step = {
+#: The http request specs of every hostile agent, relative to its registered URL.
+_ENDPOINTS: dict[str, Any] = {
+    "start": {"url": "/runs", "body": {"task": "{task}"}},
+    "status": {"url": "/runs/{run_id}"},
+    "cancel": {"url": "/runs/{run_id}/cancel"},
+    "run_id_path": "id",
+    "status_path": "state",
+    "output_path": "result",
+}
+
+
+def agent_name(kind: str) -> str:
+    """The registry name of the hostile agent of ``kind``."""
+    return f"chaos-{kind}"
+
+
+def _agent_flow(kind: str, rng: random.Random, misbound: bool) -> dict[str, Any]:
+    step: dict[str, Any] = {
         "id": "s1",
-        "provider": "http",
+        "agent": agent_name(kind),
         "task": f"hurt the fleet ({kind})",
         "poll_interval": 0.5,
         "max_poll_interval": 1.0,
         "timeout": round(rng.uniform(8.0, 15.0), 1),
-        "with": agent.options(SECRET_NAME if secret else None),
     }
+    if misbound:
+        # The echo agent's secret added to another agent's headers: an entry's, never a step's.
+        step["with"] = {"headers": {"Authorization": {"secret": SECRET_NAME, "prefix": "Bearer "}}}
     return {"name": f"hostile-{kind}", "steps": [step]}
 
 
@@ -157,11 +189,7 @@ def _fanout_flow(rng: random.Random, items: int, concurrency: int) -> dict[str, 
 
 
 def plan_hostile(
-    rng: random.Random,
-    sizes: HostileSizes,
-    agents: HostileAgents,
-    settings: Settings,
-    window: float,
+    rng: random.Random, sizes: HostileSizes, settings: Settings, window: float
 ) -> list[RunPlan]:
     """The hostile owners' launches over ``window`` seconds (the storm registers apart)."""
     plans: list[RunPlan] = []
@@ -172,13 +200,13 @@ def plan_hostile(
 
     for kind in KINDS:
         for n in range(sizes.agent_runs):
-            flow = _agent_flow(agents, kind, rng, secret=kind == "echo")
+            flow = _agent_flow(kind, rng, misbound=False)
             add(
                 f"h-{kind}-{n}", f"hostile_{kind}", flow, AGENTS_OWNER, "completed|failed|timed_out"
             )
     for n in range(max(1, sizes.agent_runs // 2)):
-        # The bound secret named for the drip server: refused at launch, nothing sent.
-        flow = _agent_flow(agents, "drip", rng, secret=True)
+        # The echo agent's secret named for the drip agent: refused at launch, nothing sent.
+        flow = _agent_flow("drip", rng, misbound=True)
         add(f"h-misbound-{n}", "hostile_misbound_secret", flow, AGENTS_OWNER, REFUSED)
     concurrency = min(sizes.branches, settings.max_branch_concurrency)
     for n in range(sizes.fanouts):

@@ -192,10 +192,11 @@ def run(options: Options) -> dict[str, Any]:
         if agents is not None:
             hostile_rng = random.Random(options.seed + 3)
             plans = sorted(
-                plans + plan_hostile(hostile_rng, sizes, agents, settings, profile.window),
+                plans + plan_hostile(hostile_rng, sizes, settings, profile.window),
                 key=lambda plan: plan.at,
             )
             storm = Storm(driver.orch, sizes.storm_schedules)
+            agents.register(settings)
         pg_url = make_url(database.url("chaos-driver")).set(drivername="postgresql")
         network, network_info = _network(
             options.kinds,

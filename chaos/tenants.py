@@ -11,6 +11,8 @@ Must-be-zero (listed in :data:`chaos.audit.MUST_BE_ZERO`):
   secret's value (the echo agent sends it back in every answer; redaction must take it out);
 * ``hostile_launches_not_refused``: launches planned to be refused (a secret named for a host
   it is not bound to, a fan-out one branch over ``ORCH_MAX_BRANCHES``) that were written;
+* ``hostile_launches_refused_unplanned``: hostile launches planned to be written that were
+  refused: a hostile population refused at the door hurts nothing, and proves nothing;
 * ``worker_memory_over_bound``: worker processes seen above the stated RSS bound
   (:mod:`chaos.memory`).
 
@@ -119,6 +121,14 @@ def tenant_figures(audit: Audit, plans: list[RunPlan]) -> dict[str, Any]:
     written = sorted(label for label in refusals if label in audit.launched_ids())
     for label in written:
         audit.violation("hostile_launches_not_refused", audit.label_of.get(label), label)
+    refused = audit.records.refused
+    unplanned = sorted(
+        plan.label
+        for plan in plans
+        if plan.expect != REFUSED and not is_plain(plan.owner) and plan.label in refused
+    )
+    for label in unplanned:
+        audit.violation("hostile_launches_refused_unplanned", None, f"{label}: {refused[label]}")
     labels = {plan.label for plan in plans}
     scheduled = [
         run
@@ -133,6 +143,7 @@ def tenant_figures(audit: Audit, plans: list[RunPlan]) -> dict[str, Any]:
     return {
         "plain_runs_past_deadline": len(plain_missed),
         "hostile_launches_not_refused": len(written),
+        "hostile_launches_refused_unplanned": len(unplanned),
         "launches_refused": len(audit.records.refused),
         "plain_launches_refused": sum(
             1 for plan in plans if plan.label in audit.records.refused and is_plain(plan.owner)

@@ -14,11 +14,13 @@ import os
 import random
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from chaos.hostile import (
+    AGENTS_OWNER,
     FANOUT_OWNER,
     REFUSED,
     SECRET_NAME,
@@ -29,10 +31,12 @@ from chaos.hostile import (
     sized,
 )
 from chaos.latency import comparison
+from orchestration.core.db import upgrade
 from orchestration.core.errors import RetryableProviderError, ValidationError
 from orchestration.core.settings import Settings
 from orchestration.providers.base import ProviderStatus, TurnRef, TurnRequest
 from orchestration.providers.http import HttpProvider
+from orchestration.service import Orchestrator
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +122,7 @@ def test_the_secret_reaches_its_bound_server_only(agents: HostileAgents) -> None
 
 def test_the_hostile_plan_sits_at_the_budgets(agents: HostileAgents) -> None:
     settings = _settings(agents)
-    plans = plan_hostile(random.Random(5), SIZES, agents, settings, window=30.0)
+    plans = plan_hostile(random.Random(5), SIZES, settings, window=30.0)
     assert not any(is_plain(plan.owner) for plan in plans)
     fanouts = [plan for plan in plans if plan.owner == FANOUT_OWNER]
     widths = sorted(len(plan.workflow["steps"][0]["for_each"]) for plan in fanouts)
@@ -129,6 +133,33 @@ def test_the_hostile_plan_sits_at_the_budgets(agents: HostileAgents) -> None:
         "hostile_fanout_over_budget",
     }
     assert sum(1 for plan in plans if plan.scenario == "hostile_echo") == SIZES.agent_runs
+
+
+def test_the_hostile_agents_launch_through_the_registry_and_the_misbound_one_is_refused(
+    agents: HostileAgents, tmp_path: Path
+) -> None:
+    """Raw URLs are refused by default (``ORCH_ALLOW_RAW_URLS``): the hostile agents are the
+    operator's registered agents, so every planned launch but the refused ones is written."""
+    settings = _settings(agents).model_copy(
+        update={"database_url": f"sqlite:///{tmp_path / 'hostile.db'}"}
+    )
+    upgrade(settings.database_url)
+    agents.register(settings)
+    orch = Orchestrator(settings, None)
+    plans = [
+        plan
+        for plan in plan_hostile(random.Random(5), SIZES, settings, window=30.0)
+        if plan.owner == AGENTS_OWNER
+    ]
+    refused = {}
+    for plan in plans:
+        try:
+            orch.launch(plan.workflow, owner=plan.owner, request_id=plan.label)
+        except ValidationError as exc:
+            refused[plan.label] = str(exc)
+    planned = {plan.label for plan in plans if plan.expect == REFUSED}
+    assert set(refused) == planned and planned, refused
+    assert all("headers" in reason for reason in refused.values())
 
 
 def test_hostile_sizes_are_set_by_name_and_a_wrong_name_is_refused() -> None:
