@@ -66,8 +66,9 @@ def send(
     a server crash can lose it, never a later durable commit. Only for writes whose loss the
     engine recovers by design (a poll's fence and stamp); a sequence is always durable."""
     if len(pieces) > 1 and together(session):
-        row = session.execute(_composed(tuple(pieces), durable), dict(params)).one()
-        return _split(tuple(pieces), dict(row._mapping))
+        composed = _composed(tuple(pieces), durable)
+        row = session.execute(composed.statement, dict(params)).one()
+        return _split(composed.layout, tuple(row))
     rows: dict[str, Returned | None] = {}
     for piece in pieces:
         if piece.after is not None and rows[piece.after] is None:
@@ -84,42 +85,54 @@ def one_statement(settings: Settings) -> bool:
     return settings.single_statement and postgresql_url(settings.database_url)
 
 
+@dataclass(frozen=True)
+class _Composed:
+    """Pieces as one statement, and where each piece's values are in its one row."""
+
+    statement: Executable
+    #: Each piece's name and its columns' keys, in the row's order: a piece's values follow
+    #: the flag saying whether it returned a row.
+    layout: tuple[tuple[str, tuple[str, ...]], ...]
+
+
 @functools.lru_cache(maxsize=64)
-def _composed(pieces: tuple[Piece, ...], durable: bool) -> Executable:
-    """The pieces as one statement of CTEs; one row: each piece's columns (``NAME__COLUMN``)
-    and whether it returned a row (``NAME__``). Built once per tuple of pieces.
+def _composed(pieces: tuple[Piece, ...], durable: bool) -> _Composed:
+    """The pieces as one statement of CTEs; one row: for each piece, whether it returned a
+    row, then its columns. Built once per tuple of pieces.
 
     Each CTE returns at most one row, so the row is every CTE joined ``ON true`` to one
     constant row: a column is a plain reference, not a sub-select of its own (a run's
-    columns and its step's, read that way, cost a subplan each)."""
+    columns and its step's, read that way, cost a subplan each). The values are read by
+    position, so only each piece's flag is labelled (``NAME__``), no column: the statement
+    stays short enough for psycopg to cache its parse (4 KiB)."""
     ctes: dict[str, CTE] = {}
     for piece in pieces:
         statement: Any = piece.statement
         if piece.after is not None:
             statement = statement.where(exists(select(1).select_from(ctes[piece.after])))
         ctes[piece.name] = statement.cte(piece.name)
-    base: Any = select(literal_column("1").label("one")).subquery("one")
-    joined = base
-    columns = []
+    joined: Any = select(literal_column("1").label("one")).subquery("one")
+    columns: list[Any] = []
+    layout = []
     for name, cte in ctes.items():
         joined = joined.outerjoin(cte, true())
         columns.append(exists(select(1).select_from(cte)).label(f"{name}__"))
-        columns.extend(column.label(f"{name}__{column.key}") for column in cte.c)
+        columns.extend(cte.c)
+        layout.append((name, tuple(column.key for column in cte.c)))
     if not durable:
-        columns.append(func.set_config("synchronous_commit", "off", True).label("commit_mode"))
-    return select(*columns).select_from(joined).add_cte(*ctes.values())
+        columns.append(func.set_config("synchronous_commit", "off", True))
+    statement = select(*columns).select_from(joined).add_cte(*ctes.values())
+    return _Composed(statement, tuple(layout))
 
 
-def _split(pieces: tuple[Piece, ...], row: Mapping[str, Any]) -> dict[str, Returned | None]:
+def _split(
+    layout: tuple[tuple[str, tuple[str, ...]], ...], row: Sequence[Any]
+) -> dict[str, Returned | None]:
+    """Each piece's row out of the one row :func:`_composed`'s statement returned."""
     rows: dict[str, Returned | None] = {}
-    for piece in pieces:
-        if not row[f"{piece.name}__"]:
-            rows[piece.name] = None
-            continue
-        prefix = f"{piece.name}__"
-        rows[piece.name] = {
-            key[len(prefix) :]: value
-            for key, value in row.items()
-            if key.startswith(prefix) and key != prefix
-        }
+    at = 0
+    for name, keys in layout:
+        returned, values = row[at], row[at + 1 : at + 1 + len(keys)]
+        at += 1 + len(keys)
+        rows[name] = dict(zip(keys, values, strict=True)) if returned else None
     return rows

@@ -101,8 +101,8 @@ def test_a_poll_commits_without_waiting_for_the_disk_and_only_itself(stack: Stac
     assert after == "on"
     assert steps_of(settings, run_id)[0].polls == tick + 1
     # Sent durable (a claim, or inside a transaction), the same pieces leave the setting be.
-    assert "set_config" in str(pieces._composed(fence.ENTER, False))
-    assert "set_config" not in str(pieces._composed(fence.ENTER, True))
+    assert "set_config" in str(pieces._composed(fence.ENTER, False).statement)
+    assert "set_config" not in str(pieces._composed(fence.ENTER, True).statement)
 
 
 def test_a_poll_updates_the_run_and_the_step_in_place(stack: Stack) -> None:
