@@ -96,19 +96,25 @@ def keep(
         select(Artifact.size).where(Artifact.owner == owner, Artifact.sha256 == sha256)
     )
     if held is None:
-        try:
-            admission.check(
-                session,
-                settings,
-                owner,
-                (admission.STORED_BYTES,),
-                len(data),
-                f"{what} is {len(data)} bytes and ",
-            )
-        except LimitExceeded as exc:
-            return exc.problem
+        refused = over_budget(
+            session, settings, owner, len(data), f"{what} is {len(data)} bytes and "
+        )
+        if refused is not None:
+            return refused
     store(session, settings, owner, sha256, data, media_type, now)
     return Kept(ref(sha256, len(data), media_type), sha256)
+
+
+def over_budget(
+    session: Session, settings: Settings, owner: str, size: int, what: str
+) -> str | None:
+    """Why ``size`` new bytes would pass ``owner``'s ``ORCH_MAX_STORED_BYTES_PER_OWNER``
+    (``what`` opens the sentence), or ``None`` when they fit."""
+    try:
+        admission.check(session, settings, owner, (admission.STORED_BYTES,), size, what)
+    except LimitExceeded as exc:
+        return exc.problem
+    return None
 
 
 def touch(session: Session, owner: str, hashes: set[str], now: datetime) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,10 +23,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration.core.errors import LimitExceeded
 from orchestration.core.models import Artifact
 from orchestration.core.settings import Settings
-from orchestration.limits import admission, bounds
+from orchestration.limits import bounds
 from orchestration.runs import artifacts
 
 #: A file's media type when it names none.
@@ -59,16 +58,21 @@ def _carries_bytes(value: Any) -> bool:
     )
 
 
-def _file_parts(value: Any) -> Iterator[dict[str, Any]]:
-    """Every file part with bytes in ``value``, at any depth, in order."""
-    if _carries_bytes(value):
+def _files(value: Any, wanted: Callable[[Any], bool]) -> Iterator[dict[str, Any]]:
+    """The ``file`` of every part of ``value`` that is ``wanted``, at any depth, in order."""
+    if wanted(value):
         yield value["file"]
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _file_parts(item)
+            yield from _files(item, wanted)
     elif isinstance(value, list):
         for item in value:
-            yield from _file_parts(item)
+            yield from _files(item, wanted)
+
+
+def _file_parts(value: Any) -> Iterator[dict[str, Any]]:
+    """Every file part with bytes in ``value``, at any depth, in order."""
+    return _files(value, _carries_bytes)
 
 
 def _decoded(part: dict[str, Any]) -> bytes | str:
@@ -134,17 +138,10 @@ def store(
     new = sum(len(data) for sha256, (data, _) in files.items() if sha256 not in held)
     if new:
         count = len(files) - len(held)
-        try:
-            admission.check(
-                session,
-                settings,
-                owner,
-                (admission.STORED_BYTES,),
-                new,
-                f"the output's {count} new file{'s' if count > 1 else ''} hold {new} bytes and ",
-            )
-        except LimitExceeded as exc:
-            return Refused(exc.problem, over=True)
+        what = f"the output's {count} new file{'s' if count > 1 else ''} hold {new} bytes and "
+        refused = artifacts.over_budget(session, settings, owner, new, what)
+        if refused is not None:
+            return Refused(refused, over=True)
     for sha256, (data, media_type) in files.items():
         artifacts.store(session, settings, owner, sha256, data, media_type, now)
     return Stored(_replaced(value, iter(references)), frozenset(files))
@@ -222,19 +219,17 @@ def named(output: Any, output_sha256: str | None) -> set[str]:
     return set(_references(output))
 
 
-def _references(value: Any) -> Iterator[str]:
-    """The hashes of the stored file references in ``value``."""
-    if (
+def _is_reference(value: Any) -> bool:
+    """Whether ``value`` is a stored file's reference (``{"file": {..., "sha256"}}``)."""
+    return (
         isinstance(value, dict)
         and len(value) == 1
         and isinstance(value.get("file"), dict)
         and isinstance(value["file"].get("sha256"), str)
         and "url" not in value["file"]
-    ):
-        yield value["file"]["sha256"]
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _references(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _references(item)
+    )
+
+
+def _references(value: Any) -> Iterator[str]:
+    """The hashes of the stored file references in ``value``."""
+    return (str(file["sha256"]) for file in _files(value, _is_reference))
