@@ -313,15 +313,14 @@ def _messages(text: str) -> list[Any]:
             return []
         return document if isinstance(document, list) else [document]
     found: list[Any] = []
-    for event in stripped.replace("\r\n", "\n").replace("\r", "\n").split("\n\n"):
-        data = [
-            line[5:].removeprefix(" ") for line in event.split("\n") if line.startswith("data:")
-        ]
-        if data:
-            try:
-                found.append(json.loads("\n".join(data)))
-            except json.JSONDecodeError:
-                continue
+
+    def keep(message: Any) -> bool:
+        found.append(message)
+        return False
+
+    # The whole stream read at once by the reader of a stream as it arrives, its last event
+    # ended by the blank line a server may leave out.
+    _Events(keep).feed(stripped.encode() + b"\n\n")
     return found
 
 

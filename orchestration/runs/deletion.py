@@ -93,6 +93,15 @@ def named_files(session: Session, run_ids: Any) -> list[tuple[str, str]]:
     return sorted(found)
 
 
+def kept_as_output() -> ColumnElement[bool]:
+    """Whether a step of the artifact's owner keeps the artifact as its output."""
+    return exists().where(
+        Step.output_sha256 == Artifact.sha256,
+        Step.run_id == Run.id,
+        Run.owner == Artifact.owner,
+    )
+
+
 def names_file(*where: Any) -> ColumnElement[bool]:
     """Whether a step of the artifact's owner (and ``where``) has an output that names the
     artifact's hash: a search of the outputs' text (no column lists the files an output
@@ -154,11 +163,7 @@ def delete_unreferenced(
     if candidates:
         chosen = tuple_(Artifact.owner, Artifact.sha256).in_(candidates)
         session.execute(select(Artifact.sha256).where(chosen).with_for_update()).all()
-        still: ColumnElement[bool] = exists().where(
-            Step.output_sha256 == Artifact.sha256,
-            Step.run_id == Run.id,
-            Run.owner == Artifact.owner,
-        )
+        still = kept_as_output()
         if files_named:
             still = or_(
                 still,

@@ -132,11 +132,7 @@ def count(session: Session, cutoff: datetime) -> dict[str, int]:
                 .where(
                     tuple_(Artifact.owner, Artifact.sha256).in_(named),
                     Artifact.used_at < cutoff,
-                    ~exists(
-                        select(Step.pk)
-                        .join(Run, Run.id == Step.run_id)
-                        .where(Run.owner == Artifact.owner, Step.output_sha256 == Artifact.sha256)
-                    ),
+                    ~deletion.kept_as_output(),
                     ~deletion.names_file(Step.run_id.not_in(select(every.c.id))),
                 )
             )
