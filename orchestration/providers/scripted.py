@@ -58,11 +58,17 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from orchestration.core.db import get_engine, normalize_url, session_scope, utcnow
+from orchestration.core.db import (
+    get_engine,
+    insert_spelled,
+    normalize_url,
+    session_scope,
+    utcnow,
+)
 from orchestration.core.errors import RetryableProviderError
 from orchestration.core.models import UTCDateTime
 from orchestration.core.settings import Settings
@@ -190,7 +196,7 @@ class ScriptedProvider:
             if request.deadline is not None and arrived > request.deadline:
                 outcome = EXPIRED
             elif connection.execute(
-                _insert(engine, TURNS)
+                insert_spelled(engine.dialect.name, TURNS)
                 .values(**values, start_calls=1, started_at=arrived)
                 .on_conflict_do_nothing(index_elements=[TURNS.c.key])
                 .returning(TURNS.c.key)
@@ -384,14 +390,6 @@ def _arrival(connection: Connection) -> datetime:
         arrived: datetime = connection.execute(select(func.statement_timestamp())).scalar_one()
         return arrived
     return utcnow()
-
-
-def _insert(engine: Engine, table: Table) -> Any:
-    """An ``INSERT`` that can skip an existing key (``ON CONFLICT DO NOTHING``): the two
-    databases this project runs on spell it each in their own dialect."""
-    if engine.dialect.name == "postgresql":
-        return postgresql.insert(table)
-    return sqlite.insert(table)
 
 
 def _reset_at(
