@@ -11,7 +11,8 @@ quoted with and without it.
 
 With item 1 in the same run, director's chains are timed in item 1's rounds, beside the
 engine's, the bare chain's and the other peers' (``bench.peers.lineup``; :class:`Director`
-keeps its worker up meanwhile): the ratio then compares chains run seconds apart.
+keeps its worker up meanwhile, stopped outside its own turns): the ratio then compares chains
+run seconds apart.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Director:
     statuses: list[str | None] = field(default_factory=list)
     _env: dict[str, str] = field(default_factory=dict)
     _home: Path | None = None
+    _worker: int | None = None
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __enter__(self) -> Director:
@@ -137,6 +139,7 @@ class Director:
             start_new_session=True,
         )
         self._stack.callback(_stop, worker)
+        self._worker = worker.pid
         deadline = time.monotonic() + 60
         while len(psutil.Process(worker.pid).children()) < 2:
             if worker.poll() is not None or time.monotonic() > deadline:
@@ -144,6 +147,10 @@ class Director:
             time.sleep(0.1)
         # One short warm-up chain (imports, connections), then the timed ones.
         self.skipped = self._drive(1, 120)
+
+    def groups(self) -> list[int]:
+        """The worker's process group (its pool's processes with it), while it is up."""
+        return [self._worker] if self._worker is not None else []
 
     def time_chain(self) -> None:
         """Time one chain of ``links`` tasks, from its launch to its workflow's end."""

@@ -120,20 +120,20 @@ def _fanout_title(report: dict[str, Any]) -> str:
 
 #: How item 1's peers run (``bench.peers``), above its tables.
 PEERS = (
-    "The peers a user would pick instead run the same chain, each from its own virtualenv "
-    "(made with `pip install` on first use: `--director-venv`, `--dbos-venv`, "
-    "`--prefect-venv`; `--peers` picks among them), kept up for the whole item and timed in "
-    "its rounds: celery-director on its own Celery worker; DBOS Transact as a "
-    "workflow of `@DBOS.step` no-ops checkpointed in a fresh database on the same PostgreSQL, "
-    "enqueued on a DBOS queue and awaited, and also called in-process; Prefect 3 as a flow of "
-    "`@task` no-ops called in-process against Prefect's ephemeral API server, on SQLite under "
-    "a temporary `PREFECT_HOME` (Prefect's default on one machine; `--prefect-database "
-    "postgresql` gives it a fresh database on the same PostgreSQL). A DBOS queue is read once "
-    "a second by default, so a queued workflow waits half a second on average before its first "
-    "step, spread over the chain's steps. Prefect records a task run's states from the events "
-    "its client sends, after the fact; the flow's final state is written before the call "
-    "returns, where its clock stops. Engine / peer divides the engine's cost per link by the "
-    "peer's, both from the same run; no issue sets a target for it."
+    "The peers a user would pick instead run the same chain, each from its own virtualenv (made "
+    "with `pip install` on first use: `--director-venv`, `--dbos-venv`, `--prefect-venv`; "
+    "`--peers` picks among them), kept up for the whole item, stopped (`SIGSTOP`) outside their "
+    "own turns, and timed in its rounds: celery-director on its own Celery worker; DBOS Transact "
+    "as a workflow of `@DBOS.step` no-ops checkpointed in a fresh database on the same PostgreSQL,"
+    " enqueued on a DBOS queue and awaited, and also called in-process; Prefect 3 as a flow of "
+    "`@task` no-ops called in-process against Prefect's ephemeral API server, on SQLite under a "
+    "temporary `PREFECT_HOME` (Prefect's default on one machine; `--prefect-database postgresql` "
+    "gives it a fresh database on the same PostgreSQL). A DBOS queue is read once a second by "
+    "default, so a queued workflow waits half a second on average before its first step, spread "
+    "over the chain's steps. Prefect records a task run's states from the events its client sends,"
+    " after the fact; the flow's final state is written before the call returns, where its clock "
+    "stops. Engine / peer divides the engine's cost per link by the peer's, both from the same "
+    "run; no issue sets a target for it."
 )
 
 #: Sections of ``docs/benchmarks.md`` another command measures (``make upkeep-bench``): a

@@ -140,6 +140,10 @@ class DrivenPeer(abc.ABC):
         except Exception as exc:  # the row says why it stopped; the other contestants go on
             row.error = f"{row.mode}: {exc}"
 
+    def groups(self) -> list[int]:
+        """The process group of the driver (and the servers it started), while it is up."""
+        return [self._driver.process.pid] if self._driver is not None else []
+
     def close(self) -> None:
         self._stack.close()
 

@@ -117,5 +117,11 @@ class Driver:
             self._log_file.close()
 
     def _signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signum)
+        signal_group(self.process.pid, signum)
+
+
+def signal_group(leader: int, signum: int) -> None:
+    """Send ``signum`` to the process group whose leader is ``leader`` (a process started
+    with ``start_new_session``: it and every process it started), if it is still there."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, signum)

@@ -2,6 +2,11 @@
 and Prefect 3 (:mod:`bench.peers.driven`), started together and kept up while item 1's
 rounds time them beside the engine's chain and the bare one.
 
+Each peer's processes are stopped (``SIGSTOP``) outside its own turns, and continued for
+them: a peer's work between its chains (Prefect's API server, DBOS's queue poller) would
+otherwise run on the same two cores while the engine's chain, the bare one or another peer
+is timed. What a peer's processes put off while stopped, they do in their own turn.
+
 The report keeps director's entry under ``peer`` (as before) and the others under
 ``peers``, one entry per row.
 """
@@ -9,6 +14,7 @@ The report keeps director's entry under ``peer`` (as before) and the others unde
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +22,7 @@ from typing import Any
 
 from bench import peer, rounds
 from bench.peers.driven import DBOSPeer, DrivenPeer, PrefectPeer
+from bench.peers.driver import signal_group
 
 #: The peers a bench run can time, in the order they run in a round.
 NAMES = ("director", "dbos", "prefect")
@@ -42,11 +49,29 @@ class Lineup:
     driven: list[DrivenPeer] = field(default_factory=list)
 
     def contestants(self) -> list[Callable[[], None]]:
-        """Each peer row's "time one chain" callable, for item 1's rounds."""
-        timed = [self.director.time_chain] if self.director is not None else []
+        """Each peer row's "time one chain" callable, for item 1's rounds: the peer's
+        processes continued for its chain only."""
+        timed = []
+        if self.director is not None:
+            timed.append(_turn(self.director.groups, self.director.time_chain))
         for one in self.driven:
-            timed += one.contestants()
+            timed += [_turn(one.groups, contestant) for contestant in one.contestants()]
         return timed
+
+    def groups(self) -> list[int]:
+        """Every peer's process groups."""
+        found = self.director.groups() if self.director is not None else []
+        return found + [group for one in self.driven for group in one.groups()]
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        """Every peer stopped for the ``with`` block, and continued after it (so that each
+        can be shut down)."""
+        _send(self.groups(), signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            _send(self.groups(), signal.SIGCONT)
 
     def results(self, interleaved: bool) -> dict[str, Any]:
         """The report's ``peer`` (director) and ``peers`` (the others) entries."""
@@ -85,7 +110,26 @@ def started(
             stack.callback(one.close)
             one.start(admin_url)
             lineup.driven.append(one)
+        stack.enter_context(lineup.stopped())
         yield lineup
+
+
+def _send(groups: list[int], signum: int) -> None:
+    for group in groups:
+        signal_group(group, signum)
+
+
+def _turn(groups: Callable[[], list[int]], time_one: Callable[[], None]) -> Callable[[], None]:
+    """``time_one`` with the peer's process groups continued for it, stopped again after."""
+
+    def turn() -> None:
+        _send(groups(), signal.SIGCONT)
+        try:
+            time_one()
+        finally:
+            _send(groups(), signal.SIGSTOP)
+
+    return turn
 
 
 def run_alone(

@@ -10,13 +10,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from bench import rounds, tables, targets
-from bench.peers import venv
+from bench.peers import driven, venv
 from bench.peers.driven import DBOSPeer, PrefectPeer, Row
 from bench.peers.driver import DRIVERS, Driver, DriverError
 from bench.peers.drivers.peer_protocol import FAILED, READY, TIMED, parse
+from bench.peers.lineup import Lineup
 
 STAND_IN = """
 import sys, time
@@ -156,6 +158,29 @@ def test_a_peer_keeps_per_link_seconds_per_row_and_stops_a_row_at_a_failed_chain
         "short": "DBOS queue",
         "skipped": "a chain of 4 ended FAILED, not SUCCESS",
     }
+
+
+def test_a_peer_is_stopped_outside_its_own_turns_and_continued_to_be_shut_down(
+    stand_in: Path, fake_venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(driven, "CHAIN_TIMEOUT_S", 10.0)  # a stopped driver fails, not hangs
+    peer = StandInPeer(fake_venv, tmp_path, links=4)
+    peer.script = stand_in
+    lineup = Lineup(driven=[peer])
+    try:
+        peer.start("postgresql://unused")
+        process = psutil.Process(peer.groups()[0])
+        with lineup.stopped():
+            assert process.status() == psutil.STATUS_STOPPED
+            for contestant in lineup.contestants():
+                contestant()
+                assert process.status() == psutil.STATUS_STOPPED
+        assert process.status() != psutil.STATUS_STOPPED
+    finally:
+        peer.close()
+    assert [row.error for row in peer.rows] == [None, None]
+    assert [len(row.seconds) for row in peer.rows] == [1, 1]
+    assert not process.is_running()
 
 
 def test_a_peer_that_cannot_be_installed_or_is_the_wrong_version_says_why(
