@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,17 @@ def test_a_driver_that_dies_or_hangs_ends_the_wait_with_its_error(
     assert hung.process.returncode is not None
 
 
+def _settles(process: psutil.Process, *, stopped: bool, within: float = 5.0) -> bool:
+    """The process is (or is not) stopped within ``within`` seconds (a signal is delivered
+    when the process is next scheduled, not when ``kill`` returns)."""
+    deadline = time.monotonic() + within
+    while (process.status() == psutil.STATUS_STOPPED) != stopped:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 class StandInPeer(DBOSPeer):
     """DBOS's rows and description, its driver swapped for the stand-in (no database)."""
 
@@ -171,11 +183,11 @@ def test_a_peer_is_stopped_outside_its_own_turns_and_continued_to_be_shut_down(
         peer.start("postgresql://unused")
         process = psutil.Process(peer.groups()[0])
         with lineup.stopped():
-            assert process.status() == psutil.STATUS_STOPPED
+            assert _settles(process, stopped=True)
             for contestant in lineup.contestants():
                 contestant()
-                assert process.status() == psutil.STATUS_STOPPED
-        assert process.status() != psutil.STATUS_STOPPED
+                assert _settles(process, stopped=True)
+        assert _settles(process, stopped=False)
     finally:
         peer.close()
     assert [row.error for row in peer.rows] == [None, None]
