@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from orchestration.core.errors import LimitExceeded
 from orchestration.core.models import ScheduleEntry, ScheduleFire, SchedulePause
 from orchestration.core.settings import Settings
+from orchestration.limits import admission
 from orchestration.workflows.schedules import ScheduleSpec, check, next_after
 
 
@@ -76,6 +77,7 @@ def registered(
 
 
 def _within_budget(session: Session, settings: Settings, owner: str) -> None:
+    admission.serialised(session, owner)  # a concurrent registration's schedule is counted
     count = session.scalar(
         select(func.count()).select_from(ScheduleEntry).where(ScheduleEntry.owner == owner)
     )
