@@ -1,8 +1,8 @@
 """Every table, as SQLAlchemy 2 models: runs, steps, the journal, the effects outbox,
 checkpoints, artifacts, registered definitions, schedule fires and pauses, API tokens, the
-sweeper's liveness row, the fleet's samples, pruned runs' counts, live runs' counts, owners'
-deletions of runs, owner suspensions with their audit, and the operator's agent registry. The
-Alembic migrations in ``orchestration/migrations`` create exactly these
+sweeper's liveness row, the fleet's samples, pruned runs' counts, live runs' and live turns'
+counts, owners' deletions of runs, owner suspensions with their audit, and the operator's
+agent registry. The Alembic migrations in ``orchestration/migrations`` create exactly these
 (``tests/unit/test_migrations_match_models.py`` compares them)."""
 
 from __future__ import annotations
@@ -461,6 +461,17 @@ class LiveRunCount(Base):
     :data:`TOTAL`): the count is the sum of its slots."""
 
     __tablename__ = "live_run_counts"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    slot: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    live: Mapped[int] = mapped_column(Integer)
+
+
+class LiveTurnCount(Base):
+    """A part of ``owner``'s count of live provider turns (steps ``running`` with a turn or a
+    start claimed), kept by triggers on ``steps`` (migration 0023): the sum of its slots."""
+
+    __tablename__ = "live_turn_counts"
 
     owner: Mapped[str] = mapped_column(String(200), primary_key=True)
     slot: Mapped[int] = mapped_column(SmallInteger, primary_key=True)

@@ -1,22 +1,17 @@
-"""What an owner uses of the budgets the database does not keep as counts, as scalar
-subqueries that :mod:`.admission` puts in its statements: its registered definition versions
-(through the owner's index on ``workflow_definitions``), its live provider turns (through its
-live runs, ``ix_runs_owner_status_created``, and their steps) and its stored bytes (the sizes
-of its artifacts, through their key, which starts with the owner). Each reads the owner's own
-rows only, so its cost is the owner's: a plain owner's launch reads no one else's."""
+"""What an owner uses of its budgets other than live runs, as scalar subqueries that
+:mod:`.admission` puts in its statements: its registered definition versions (through the
+owner's index on ``workflow_definitions``), its live provider turns (the rows triggers on
+``steps`` keep, migration 0023) and its stored bytes (the sizes of its artifacts, through
+their key, which starts with the owner). Each reads the owner's own rows only, so its cost is
+the owner's: a plain owner's launch reads no one else's."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import ColumnElement, Table, func, or_, select
+from sqlalchemy import ColumnElement, func, select
 
-from orchestration.core.db import constant_in
-from orchestration.core.models import Artifact, Run, Step, WorkflowDefinition
-from orchestration.core.states import RUN_LIVE, StepStatus
-
-_RUNS = cast(Table, Run.__table__)
-_STEPS = cast(Table, Step.__table__)
+from orchestration.core.models import Artifact, LiveTurnCount, WorkflowDefinition
 
 
 def definitions(owner: Any) -> ColumnElement[int]:
@@ -44,22 +39,15 @@ def stored_bytes(owner: Any) -> ColumnElement[int]:
 
 
 def live_turns(owner: Any) -> ColumnElement[int]:
-    """``owner``'s provider turns started and not yet ended: its live runs' (branch runs
-    included) steps that are ``running`` with a turn, or with a start claimed (a start in
-    flight counts, so a claim that took the last place is seen by the next). Read through
-    aliases of its own: inside the start claim's ``UPDATE steps`` it counts other rows,
-    never the updated one by correlation."""
-    runs = _RUNS.alias("turn_runs")
-    steps = _STEPS.alias("turn_steps")
+    """``owner``'s provider turns started and not yet ended: its steps that are ``running``
+    with a turn or with a start claimed (a start in flight counts, so a claim that took the
+    last place is seen by the next), as the triggers of migration 0023 count them: at most
+    16 rows read through the key, whatever the owner's live runs. Inside the start claim's
+    ``UPDATE steps`` it reads the counts as of the statement's start: the claimed step is
+    counted from the claim's commit on."""
     counted: ColumnElement[int] = (
-        select(func.count())
-        .select_from(runs.join(steps, steps.c.run_id == runs.c.id))
-        .where(
-            runs.c.owner == owner,
-            constant_in(runs.c.status, (status.value for status in RUN_LIVE)),
-            steps.c.status == StepStatus.RUNNING.value,
-            or_(steps.c.provider_run_id.is_not(None), steps.c.start_claimed_at.is_not(None)),
-        )
+        select(func.coalesce(func.sum(LiveTurnCount.live), 0))
+        .where(LiveTurnCount.owner == owner)
         .scalar_subquery()
     )
     return counted

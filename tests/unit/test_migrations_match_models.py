@@ -33,6 +33,7 @@ _STATUS_TRIGGER = (
     "tables; tests/unit/test_status_triggers.py checks it)"
 )
 _COUNT_TRIGGER = "live-run counter (migration 0014), keeps live_run_counts in step with runs"
+_TURN_TRIGGER = "live-turn counter (migration 0023), keeps live_turn_counts in step with steps"
 
 #: What the migrations create that no model can say, by dialect: ``(kind, name)`` (a trigger
 #: named ``table.trigger``) and why. Anything else only the migrations make is a difference.
@@ -46,6 +47,9 @@ NOT_IN_MODELS: dict[str, dict[tuple[str, str], str]] = {
         ("trigger", "runs.runs_live_inserted"): _COUNT_TRIGGER,
         ("trigger", "runs.runs_live_ended"): _COUNT_TRIGGER,
         ("trigger", "runs.runs_live_deleted"): _COUNT_TRIGGER,
+        ("trigger", "steps.steps_turn_inserted"): _TURN_TRIGGER,
+        ("trigger", "steps.steps_turn_changed"): _TURN_TRIGGER,
+        ("trigger", "runs.runs_turns_deleted"): _TURN_TRIGGER + " (a live run's turns go with it)",
     },
 }
 NOT_IN_MODELS["postgresql"] = {
@@ -55,6 +59,11 @@ NOT_IN_MODELS["postgresql"] = {
     ("function", "orch_journal_step"): "the body of a " + _STATUS_TRIGGER,
     ("function", "orch_count_live_run"): "the body of the " + _COUNT_TRIGGER,
     ("function", "orch_forget_live_runs"): "the body of the " + _COUNT_TRIGGER,
+    ("trigger", "runs.runs_turns_truncated"): _TURN_TRIGGER + " (a TRUNCATE empties the counts)",
+    ("trigger", "steps.steps_turns_truncated"): _TURN_TRIGGER + " (a TRUNCATE empties the counts)",
+    ("function", "orch_count_live_turn"): "the body of the " + _TURN_TRIGGER,
+    ("function", "orch_forget_run_turns"): "the body of the " + _TURN_TRIGGER,
+    ("function", "orch_forget_live_turns"): "the body of the " + _TURN_TRIGGER,
 }
 
 _POSTGRESQL_OBJECTS = text(
