@@ -2,7 +2,7 @@
 
 An owner's live provider turns (``ORCH_MAX_LIVE_TURNS_PER_OWNER``) were counted at every
 launch and every start claim by joining the owner's live runs to their steps: the cost grew
-with the owner's live runs (0.9 ms at 1,000). The count is now rows that triggers keep, as
+with the owner's live runs. The count is now rows that triggers keep, as
 0014 keeps the live runs': a step that becomes a live turn (``running`` with a turn or a start
 claimed) adds one to its run's owner's count, one that stops being one takes one away. On
 PostgreSQL the triggers are deferred to the commit and add to the connection's slot
