@@ -1,4 +1,6 @@
-"""Cancel every live run of a suspended owner (``owners suspend --cancel-live``).
+"""Suspend an owner, then cancel every live run of it (``owners suspend --cancel-live``, the
+Python API's ``suspend_owner`` and ``POST /operator/owners/{owner}/suspend``: one sequence,
+:func:`suspend_owner`, for all three).
 
 Each run is cancelled through the normal cancel path (:mod:`.cancellation`: the request, the
 hard stop, the terminal rows), its journal's cause naming the suspension. Runs are read in
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import NamedTuple
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
@@ -26,6 +29,45 @@ from orchestration.runs import cancellation
 
 #: Top-level runs read per batch by default.
 BATCH = 100
+
+
+class Suspended(NamedTuple):
+    """What a suspend did: the owner's suspension (its first one when it already was), whether
+    this call made it, and how many live runs it cancelled (``None``: none was asked)."""
+
+    suspension: suspensions.Suspension
+    new: bool
+    cancelled: int | None
+
+
+def suspend_owner(
+    transact: Transact,
+    settings: Settings,
+    owner: str,
+    *,
+    reason: str,
+    by: str,
+    clock: Callable[[], datetime],
+    cancel_live: bool = False,
+    batch: int = BATCH,
+    progress: Callable[[Suspended], None] | None = None,
+) -> Suspended:
+    """Suspend ``owner`` in a transaction of its own, then, with ``cancel_live``, cancel its
+    live runs (:func:`cancel_live_runs`): only once the suspension committed does one pass find
+    every live run. ``progress`` is told the outcome so far once the suspension committed
+    (``cancelled`` still ``None``), then after each batch of cancels. Raises
+    :class:`~orchestration.core.errors.ValidationError` (nothing written, nothing cancelled)
+    for a bad owner or reason, as :func:`suspensions.suspend` does."""
+    found, new = transact(
+        lambda session: Done(suspensions.suspend(session, owner, clock(), reason=reason, by=by))
+    )
+    if progress is not None:
+        progress(Suspended(found, new, None))
+    if not cancel_live:
+        return Suspended(found, new, None)
+    told = None if progress is None else (lambda count: progress(Suspended(found, new, count)))
+    cancelled = cancel_live_runs(transact, settings, found, clock=clock, batch=batch, progress=told)
+    return Suspended(found, new, cancelled)
 
 
 def live_batch(
@@ -46,7 +88,7 @@ def live_batch(
     return [(row[0], row[1]) for row in rows]
 
 
-def cancel_live(
+def cancel_live_runs(
     transact: Transact,
     settings: Settings,
     suspension: suspensions.Suspension,
