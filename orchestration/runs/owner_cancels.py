@@ -66,7 +66,9 @@ def suspend_owner(
     if not cancel_live:
         return Suspended(found, new, None)
     told = None if progress is None else (lambda count: progress(Suspended(found, new, count)))
-    cancelled = cancel_live_runs(transact, settings, found, clock=clock, batch=batch, progress=told)
+    cancelled = cancel_live_runs(
+        transact, settings, found, clock=clock, batch=batch, progress=told, by=by
+    )
     return Suspended(found, new, cancelled)
 
 
@@ -96,12 +98,15 @@ def cancel_live_runs(
     clock: Callable[[], datetime],
     batch: int = BATCH,
     progress: Callable[[int], None] | None = None,
+    by: str | None = None,
 ) -> int:
     """Cancel every live run of the suspended owner; how many this call cancelled (a run
     another writer ended first is not counted). ``progress`` is told the running count
-    after each batch."""
+    after each batch. ``by`` is who asked, in the journal and the audit (default: who
+    suspended the owner; a later suspend with ``cancel_live`` is another operator's ask)."""
     owner = suspension.owner
-    by = f"{suspension.by} (owner {owner!r} suspended)"
+    asked = by or suspension.by
+    requester = f"{asked} (owner {owner!r} suspended)"
     cause = suspensions.cancel_cause(suspension)
     cancelled = 0
     after: tuple[datetime, str] | None = None
@@ -111,7 +116,7 @@ def cancel_live_runs(
         )
         for _, run_id in found:
             requested = cancellation.request(
-                transact, settings, run_id, now=clock(), by=by, stop=True
+                transact, settings, run_id, now=clock(), by=requester, stop=True
             )
             if requested is None:
                 continue
@@ -138,7 +143,7 @@ def cancel_live_runs(
             owner,
             clock(),
             "cancelled_live",
-            by=suspension.by,
+            by=asked,
             reason=suspension.reason,
             detail={"cancelled": cancelled},
         )

@@ -147,6 +147,32 @@ def test_cancel_live_over_http_ends_the_owners_live_runs_through_the_cancel_path
     ]
 
 
+def test_cancel_live_on_an_owner_already_suspended_keeps_the_suspension_and_names_who_asked(
+    orch: Orchestrator, settings: Settings
+) -> None:
+    live = orch.launch(workflow(), owner=OWNER).id
+    orch.suspend_owner(OWNER, reason="abuse", by="operator alice")
+    assert run_row(settings, live).status == "queued"
+    reply = _client(orch, None, "bob").post(
+        f"/operator/owners/{OWNER}/suspend", json={"reason": "again", "cancel_live": True}
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert (body["new"], body["by"], body["reason"], body["cancelled"]) == (
+        False,
+        "operator alice",
+        "abuse",
+        1,
+    )
+    assert run_row(settings, live).status == "cancelled"
+    causes = [event["cause"] for event in orch.events(live, owner=OWNER)]
+    assert "cancel requested by operator bob (owner 'acme' suspended)" in causes
+    assert [(e["kind"], e["by"]) for e in orch.owner_events(OWNER)] == [
+        ("cancelled_live", "operator bob"),
+        ("suspended", "operator alice"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
