@@ -1,5 +1,5 @@
 """The Python API for web apps: launch, get, list, cancel, answer, explain, delete, schedules;
-owner-scoped.
+owner-scoped. An operator's calls (every owner's runs, suspending an owner) take no owner.
 
     from orchestration.service import Orchestrator
     orch = Orchestrator.from_env()
@@ -29,6 +29,7 @@ from orchestration.core.settings import Settings, get_settings
 from orchestration.core.states import RUN_TERMINAL, RunStatus
 from orchestration.limits import suspensions
 from orchestration.observability import tracing
+from orchestration.owner_suspensions import OwnerSuspensions
 from orchestration.reads import owned, summaries
 from orchestration.reads.records import RunRecord, to_record
 from orchestration.reads.summaries import RunSummary
@@ -43,10 +44,11 @@ from orchestration.runtime.executor import Executor, TaskQueue, Unsent
 MAX_PAGE = 500
 
 
-class Orchestrator(RunActions, RegisteredWorkflows):
+class Orchestrator(RunActions, RegisteredWorkflows, OwnerSuspensions):
     """Owner-scoped operations on runs: reads and launches here; cancel, answer, approve and
     delete from :class:`RunActions`; registered workflows and schedules from
-    :class:`RegisteredWorkflows`. Thread-safe; cheap to build."""
+    :class:`RegisteredWorkflows`; an operator's suspension of an owner from
+    :class:`OwnerSuspensions`. Thread-safe; cheap to build."""
 
     transact: Executor
 

@@ -1,4 +1,6 @@
-"""Cancel every live run of a suspended owner (``owners suspend --cancel-live``).
+"""Suspend an owner, then cancel every live run of it (``owners suspend --cancel-live``, the
+Python API's ``suspend_owner`` and ``POST /operator/owners/{owner}/suspend``: one sequence,
+:func:`suspend_owner`, for all three).
 
 Each run is cancelled through the normal cancel path (:mod:`.cancellation`: the request, the
 hard stop, the terminal rows), its journal's cause naming the suspension. Runs are read in
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import NamedTuple
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
@@ -26,6 +29,47 @@ from orchestration.runs import cancellation
 
 #: Top-level runs read per batch by default.
 BATCH = 100
+
+
+class Suspended(NamedTuple):
+    """What a suspend did: the owner's suspension (its first one when it already was), whether
+    this call made it, and how many live runs it cancelled (``None``: none was asked)."""
+
+    suspension: suspensions.Suspension
+    new: bool
+    cancelled: int | None
+
+
+def suspend_owner(
+    transact: Transact,
+    settings: Settings,
+    owner: str,
+    *,
+    reason: str,
+    by: str,
+    clock: Callable[[], datetime],
+    cancel_live: bool = False,
+    batch: int = BATCH,
+    progress: Callable[[Suspended], None] | None = None,
+) -> Suspended:
+    """Suspend ``owner`` in a transaction of its own, then, with ``cancel_live``, cancel its
+    live runs (:func:`cancel_live_runs`): only once the suspension committed does one pass find
+    every live run. ``progress`` is told the outcome so far once the suspension committed
+    (``cancelled`` still ``None``), then after each batch of cancels. Raises
+    :class:`~orchestration.core.errors.ValidationError` (nothing written, nothing cancelled)
+    for a bad owner or reason, as :func:`suspensions.suspend` does."""
+    found, new = transact(
+        lambda session: Done(suspensions.suspend(session, owner, clock(), reason=reason, by=by))
+    )
+    if progress is not None:
+        progress(Suspended(found, new, None))
+    if not cancel_live:
+        return Suspended(found, new, None)
+    told = None if progress is None else (lambda count: progress(Suspended(found, new, count)))
+    cancelled = cancel_live_runs(
+        transact, settings, found, clock=clock, batch=batch, progress=told, by=by
+    )
+    return Suspended(found, new, cancelled)
 
 
 def live_batch(
@@ -46,7 +90,7 @@ def live_batch(
     return [(row[0], row[1]) for row in rows]
 
 
-def cancel_live(
+def cancel_live_runs(
     transact: Transact,
     settings: Settings,
     suspension: suspensions.Suspension,
@@ -54,12 +98,15 @@ def cancel_live(
     clock: Callable[[], datetime],
     batch: int = BATCH,
     progress: Callable[[int], None] | None = None,
+    by: str | None = None,
 ) -> int:
     """Cancel every live run of the suspended owner; how many this call cancelled (a run
     another writer ended first is not counted). ``progress`` is told the running count
-    after each batch."""
+    after each batch. ``by`` is who asked, in the journal and the audit (default: who
+    suspended the owner; a later suspend with ``cancel_live`` is another operator's ask)."""
     owner = suspension.owner
-    by = f"{suspension.by} (owner {owner!r} suspended)"
+    asked = by or suspension.by
+    requester = f"{asked} (owner {owner!r} suspended)"
     cause = suspensions.cancel_cause(suspension)
     cancelled = 0
     after: tuple[datetime, str] | None = None
@@ -69,7 +116,7 @@ def cancel_live(
         )
         for _, run_id in found:
             requested = cancellation.request(
-                transact, settings, run_id, now=clock(), by=by, stop=True
+                transact, settings, run_id, now=clock(), by=requester, stop=True
             )
             if requested is None:
                 continue
@@ -96,7 +143,7 @@ def cancel_live(
             owner,
             clock(),
             "cancelled_live",
-            by=suspension.by,
+            by=asked,
             reason=suspension.reason,
             detail={"cancelled": cancelled},
         )

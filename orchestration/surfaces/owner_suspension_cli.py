@@ -7,7 +7,7 @@ an owner. Registered on the ``owners`` group by :func:`register`.
 from __future__ import annotations
 
 import getpass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -15,6 +15,9 @@ from rich.text import Text
 
 from orchestration.core.errors import OrchestrationError
 from orchestration.surfaces.cli_common import AsJson, console, dump, failed
+
+if TYPE_CHECKING:
+    from orchestration.runs.owner_cancels import Suspended
 
 _out = console()
 
@@ -25,18 +28,12 @@ By = Annotated[
 ]
 
 
-def _setup() -> tuple[Any, Any]:
-    """The settings and an executor that sends (a cancel revokes tasks); imported late so
-    that ``--help`` loads neither."""
-    from orchestration.core.db import check_ready
-    from orchestration.core.settings import get_settings
-    from orchestration.runtime.celery_queue import client_executor
-    from orchestration.runtime.readiness import require_database
+def _orchestrator() -> Any:
+    """The Python API, sending through the configured broker (a cancel revokes tasks);
+    imported late so that ``--help`` loads nothing of it."""
+    from orchestration.service import Orchestrator
 
-    settings = get_settings()
-    require_database(settings.database_url)
-    check_ready(settings.database_url)
-    return settings, client_executor(settings)
+    return Orchestrator.from_env()
 
 
 def _who(by: str | None) -> str:
@@ -59,44 +56,32 @@ def suspend(
 
     Its launches, schedule fires, registrations and tokens are refused; its live runs go on
     unless --cancel-live is given."""
-    from orchestration.core.db import utcnow
-    from orchestration.core.followups import Done
-    from orchestration.limits import suspensions
-    from orchestration.runs import owner_cancels
-
     try:
-        settings, transact = _setup()
-        found, new = transact(
-            lambda session: Done(
-                suspensions.suspend(session, owner, utcnow(), reason=reason, by=_who(by))
-            )
+        done = _orchestrator().suspend_owner(
+            owner,
+            reason=reason,
+            by=_who(by),
+            cancel_live=cancel_live,
+            batch=batch,
+            progress=None if as_json else _progress,
         )
-        if not as_json:
-            state = "suspended" if new else "already suspended"
-            _out.print(
-                Text(f"{state} owner {owner} since {found.since.isoformat(timespec='seconds')}: ")
-                + Text(found.reason)
-            )
-        cancelled = None
-        if cancel_live:
-            cancelled = owner_cancels.cancel_live(
-                transact,
-                settings,
-                found,
-                clock=utcnow,
-                batch=batch,
-                progress=None if as_json else _progress,
-            )
     except OrchestrationError as exc:
         raise failed(exc, as_json) from None
     if as_json:
-        dump({**found.as_dict(), "new": new, "cancelled": cancelled})
-    elif cancelled is not None:
-        _out.print(f"cancelled {cancelled} live runs of {owner}")
+        dump({**done.suspension.as_dict(), "new": done.new, "cancelled": done.cancelled})
+    elif done.cancelled is not None:
+        _out.print(f"cancelled {done.cancelled} live runs of {owner}")
 
 
-def _progress(count: int) -> None:
-    _out.print(f"... {count} runs cancelled so far")
+def _progress(so_far: Suspended) -> None:
+    """Once the suspension committed, what it is; then the count after each batch."""
+    if so_far.cancelled is not None:
+        _out.print(f"... {so_far.cancelled} runs cancelled so far")
+        return
+    found = so_far.suspension
+    state = "suspended" if so_far.new else "already suspended"
+    since = found.since.isoformat(timespec="seconds")
+    _out.print(Text(f"{state} owner {found.owner} since {since}: ") + Text(found.reason))
 
 
 def resume(owner: OwnerName, by: By = None, as_json: AsJson = False) -> None:
@@ -104,15 +89,8 @@ def resume(owner: OwnerName, by: By = None, as_json: AsJson = False) -> None:
 
     Its launches, schedules and tokens work again. Fires missed while it was suspended stay
     recorded as refused."""
-    from orchestration.core.db import utcnow
-    from orchestration.core.followups import Done
-    from orchestration.limits import suspensions
-
     try:
-        _, transact = _setup()
-        lifted = transact(
-            lambda session: Done(suspensions.resume(session, owner, utcnow(), by=_who(by)))
-        )
+        lifted = _orchestrator().resume_owner(owner, by=_who(by))
     except OrchestrationError as exc:
         raise failed(exc, as_json) from None
     if as_json:
@@ -126,12 +104,8 @@ def resume(owner: OwnerName, by: By = None, as_json: AsJson = False) -> None:
 
 def listing(as_json: AsJson = False) -> None:
     """List the suspended owners: since when, why and by whom."""
-    from orchestration.core.followups import Done
-    from orchestration.limits import suspensions
-
     try:
-        _, transact = _setup()
-        found = transact(lambda session: Done(list(suspensions.current(session).values())))
+        found = _orchestrator().suspended_owners()
     except OrchestrationError as exc:
         raise failed(exc, as_json) from None
     if as_json:

@@ -1,6 +1,7 @@
-"""Stopping an owner (issue 30) on a real worker: ``owners suspend --cancel-live`` ends the
-owner's running runs terminal through the cancel path, and on PostgreSQL a launch that races
-the suspension either commits before it or is refused (never slips between)."""
+"""Stopping an owner (issue 30) on a real worker: ``owners suspend --cancel-live`` and ``POST
+/operator/owners/{owner}/suspend`` with ``cancel_live`` end the owner's running runs terminal
+through the cancel path, and on PostgreSQL a launch that races the suspension either commits
+before it or is refused (never slips between)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from orchestration.core.db import session_scope, utcnow
@@ -19,6 +21,8 @@ from orchestration.core.errors import OwnerSuspended
 from orchestration.limits import suspensions
 from orchestration.runtime.processes import ManagedProcess
 from orchestration.service import Orchestrator
+from orchestration.surfaces.api import tokens
+from orchestration.surfaces.api.app import create_app
 from tests.conftest import wait_for
 from tests.integration.conftest import Stack
 
@@ -82,6 +86,37 @@ def test_cancel_live_ends_every_running_run_terminal_and_refuses_the_next_launch
     orch.cancel(other, owner=owner + "-b")
     assert _cli(stack, "owners", "resume", owner).returncode == 0
     assert orch.launch(_flow(), owner=owner).status == "queued"
+
+
+def test_an_operator_suspends_over_http_cancelling_the_running_runs_and_resumes(
+    worker: ManagedProcess, orch: Orchestrator, owner: str, stack: Stack
+) -> None:
+    runs = [orch.launch(_flow(), owner=owner).id for _ in range(3)]
+    for run_id in runs:
+        wait_for(
+            lambda r=run_id: orch.get(r, owner=owner).steps[0].polls >= 1,  # type: ignore[misc]
+            30,
+            what=f"{run_id} polling",
+        )
+    with session_scope(orch.settings.database_url) as session:
+        token = tokens.create(session, None, "oncall", now=utcnow(), operator=True)
+    operator = TestClient(create_app(orch), headers={"Authorization": f"Bearer {token}"})
+    reply = operator.post(
+        f"/operator/owners/{owner}/suspend", json={"reason": "abuse", "cancel_live": True}
+    )
+    assert reply.status_code == 201, reply.text
+    assert (reply.json()["by"], reply.json()["cancelled"]) == ("operator oncall", 3)
+    for run_id in runs:
+        record = orch.get(run_id, owner=owner)
+        assert (record.status, record.steps[0].status) == ("cancelled", "cancelled")
+        assert stack.turns(run_id)[0]["cancel_requested_at"] is not None
+        causes = [event["cause"] for event in orch.events(run_id, owner=owner)]
+        assert f"owner suspended: owner {owner!r} suspended by operator oncall (abuse)" in causes
+    with pytest.raises(OwnerSuspended):
+        orch.launch(_flow(), owner=owner)
+    assert operator.post(f"/operator/owners/{owner}/resume").json()["resumed"] is True
+    launched = orch.launch(_flow(), owner=owner)
+    orch.cancel(launched.id, owner=owner)
 
 
 def test_a_launch_racing_a_suspension_waits_for_it_then_is_refused(

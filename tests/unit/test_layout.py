@@ -33,6 +33,7 @@ OUTER = (
     "orchestration.service",
     "orchestration.registered",
     "orchestration.run_actions",
+    "orchestration.owner_suspensions",
 )
 #: The domain's folders, in the order they may depend on each other: each imports only from
 #: the ones before it (docs/architecture.md draws them).

@@ -74,7 +74,9 @@ def test_an_owner_token_is_forbidden_on_every_operator_route(
 ) -> None:
     client = _client(orch, _token(settings, "acme", "ci"))
     calls = _calls(orch, "/operator")
-    assert len(calls) == 5  # runs, a run, its events, cancel, deletions
+    # runs, a run, its events, cancel, deletions; the suspended owners, an owner's
+    # suspension, suspend, resume
+    assert len(calls) == 9
     for method, path in calls:
         reply = client.request(method, path)
         assert reply.status_code == 403, (method, path)

@@ -203,7 +203,7 @@ def test_cancel_live_cancels_every_live_run_in_batches_naming_the_suspension(
     held = orch.transact(lambda session: Done(suspensions.of(session, OWNER)))
     assert held is not None
     seen: list[int] = []
-    cancelled = owner_cancels.cancel_live(
+    cancelled = owner_cancels.cancel_live_runs(
         orch.transact, settings, held, clock=utcnow, batch=2, progress=seen.append
     )
     assert (cancelled, seen) == (5, [2, 4, 5])

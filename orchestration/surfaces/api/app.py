@@ -29,6 +29,7 @@ from orchestration.surfaces.api import (
     launch_page,
     metrics,
     operator,
+    owner_suspensions,
     runs,
     schedules,
     schedules_page,
@@ -97,6 +98,7 @@ def create_app(orchestrator: Orchestrator | None = None, *, max_body: int | None
     app.include_router(agents.router)
     app.include_router(schedules.router)
     app.include_router(operator.router)
+    app.include_router(owner_suspensions.router)
     app.include_router(dashboard.router)
     app.include_router(fleet_page.router)
     app.include_router(launch_page.router)

@@ -63,7 +63,7 @@ def create(
         typer.Option(
             "--operator",
             help="An operator's token (no --owner; --name is journalled): reads and cancels "
-            "every owner's runs under /operator.",
+            "every owner's runs and suspends owners under /operator.",
         ),
     ] = False,
 ) -> None:

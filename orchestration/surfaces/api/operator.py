@@ -1,4 +1,5 @@
-"""``/operator``: an operator's token reads every owner's runs and cancels any of them.
+"""``/operator``: an operator's token reads every owner's runs and cancels any of them (and
+suspends owners: :mod:`.owner_suspensions`).
 
 An owner's token gets ``403 forbidden`` on every route here (and an operator's token on the
 owner routes). Each route acts as the run's owner through the same service calls as
