@@ -145,3 +145,17 @@ def test_turns_there_before_the_migration_are_counted(
     _insert_before_0023(settings, "other", ["running", "pending"])
     upgrade(settings.database_url)
     assert kept(settings) == counted(settings) == {"owner-1": 2, "other": 1}
+
+
+def test_a_run_deleted_in_the_transaction_that_started_its_turn_leaves_no_count(
+    settings: Settings,
+) -> None:
+    run_id = launch(settings, workflow(step_spec(with_=RUNNING)))
+    with session_scope(settings.database_url) as session:
+        session.execute(
+            update(Step)
+            .where(Step.run_id == run_id)
+            .values(status=StepStatus.RUNNING.value, start_claimed_at=T0)
+        )
+        session.execute(text("DELETE FROM runs WHERE id = :id"), {"id": run_id})
+    assert kept(settings) == counted(settings) == {}

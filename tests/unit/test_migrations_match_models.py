@@ -63,6 +63,9 @@ NOT_IN_MODELS["postgresql"] = {
     ("trigger", "steps.steps_turns_truncated"): _TURN_TRIGGER + " (a TRUNCATE empties the counts)",
     ("function", "orch_count_live_turn"): "the body of the " + _TURN_TRIGGER,
     ("function", "orch_forget_run_turns"): "the body of the " + _TURN_TRIGGER,
+    ("function", "orch_count_pending_turns"): "the body of the " + _TURN_TRIGGER,
+    ("trigger", "runs.runs_pending_turns_counted"): _TURN_TRIGGER
+    + " (a run's delete counts its transaction's deferred turns first)",
     ("function", "orch_forget_live_turns"): "the body of the " + _TURN_TRIGGER,
 }
 

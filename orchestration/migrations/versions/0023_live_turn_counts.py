@@ -6,9 +6,11 @@ with the owner's live runs. The count is now rows that triggers keep, as
 0014 keeps the live runs': a step that becomes a live turn (``running`` with a turn or a start
 claimed) adds one to its run's owner's count, one that stops being one takes one away. On
 PostgreSQL the triggers are deferred to the commit and add to the connection's slot
-(``pg_backend_pid() % 16``); on SQLite there is one row per owner. Steps are deleted only with
-their run: a live run deleted takes its steps' live turns away before it goes (a terminal run
-has none). The counts of the turns already there are written under a lock that keeps steps
+(``pg_backend_pid() % 16``), after locking that slot's row of all owners' live runs (the order
+every count trigger takes its rows in, so that count triggers never deadlock); on SQLite there
+is one row per owner. Steps are deleted only with their run: a live run deleted takes its
+steps' live turns away before it goes (a terminal run has none), once its transaction's
+deferred counts are in. The counts of the turns already there are written under a lock that keeps steps
 from being written meanwhile.
 
 Revision ID: 0023
@@ -42,11 +44,12 @@ CREATE FUNCTION orch_count_live_turn() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     v_owner varchar;
     v_change integer := CASE WHEN {_turn("NEW")} THEN 1 ELSE -1 END;
+    v_slot smallint := pg_backend_pid() % 16;
 BEGIN
     SELECT owner INTO v_owner FROM runs WHERE id = NEW.run_id;
     IF v_owner IS NOT NULL THEN
-        INSERT INTO live_turn_counts (owner, slot, live)
-        VALUES (v_owner, pg_backend_pid() % 16, v_change)
+        PERFORM 1 FROM live_run_counts WHERE owner = '' AND slot = v_slot FOR NO KEY UPDATE;
+        INSERT INTO live_turn_counts (owner, slot, live) VALUES (v_owner, v_slot, v_change)
         ON CONFLICT (owner, slot) DO UPDATE SET live = live_turn_counts.live + EXCLUDED.live;
     END IF;
     RETURN NULL;
@@ -70,6 +73,16 @@ END
 $$
 """
 
+_PG_FLUSH = """
+CREATE FUNCTION orch_count_pending_turns() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    SET CONSTRAINTS steps_turn_inserted, steps_turn_changed IMMEDIATE;
+    SET CONSTRAINTS steps_turn_inserted, steps_turn_changed DEFERRED;
+    RETURN NULL;
+END
+$$
+"""
+
 _PG_TRUNCATED = """
 CREATE FUNCTION orch_forget_live_turns() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -89,6 +102,13 @@ _EVENTS = (
         f"{_turn('OLD')} <> {_turn('NEW')}",
         f"CASE WHEN {_turn('NEW')} THEN 1 ELSE -1 END",
     ),
+)
+
+_PG_FUNCTIONS = (
+    "orch_count_live_turn",
+    "orch_forget_run_turns",
+    "orch_count_pending_turns",
+    "orch_forget_live_turns",
 )
 
 _SQLITE_ADD = """
@@ -118,6 +138,7 @@ def upgrade() -> None:
         op.execute("LOCK TABLE steps IN SHARE ROW EXCLUSIVE MODE")
         op.execute(_PG_COUNT)
         op.execute(_PG_RUN_DELETED)
+        op.execute(_PG_FLUSH)
         op.execute(_PG_TRUNCATED)
         for name, event, condition, _ in _EVENTS:
             op.execute(
@@ -125,6 +146,10 @@ def upgrade() -> None:
                 f"DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ({condition}) "
                 "EXECUTE FUNCTION orch_count_live_turn()"
             )
+        op.execute(
+            "CREATE TRIGGER runs_pending_turns_counted BEFORE DELETE ON runs "
+            "FOR EACH STATEMENT EXECUTE FUNCTION orch_count_pending_turns()"
+        )
         op.execute(
             "CREATE TRIGGER runs_turns_deleted BEFORE DELETE ON runs FOR EACH ROW "
             f"WHEN (OLD.status IN {_LIVE}) EXECUTE FUNCTION orch_forget_run_turns()"
@@ -155,9 +180,10 @@ def downgrade() -> None:
         op.execute(f"DROP TRIGGER IF EXISTS {name}{on}")
     op.execute("DROP TRIGGER IF EXISTS runs_turns_deleted" + (" ON runs" if _postgresql() else ""))
     if _postgresql():
+        op.execute("DROP TRIGGER IF EXISTS runs_pending_turns_counted ON runs")
         for table in ("runs", "steps"):
             op.execute(f"DROP TRIGGER IF EXISTS {table}_turns_truncated ON {table}")
-        for function in ("orch_count_live_turn", "orch_forget_run_turns", "orch_forget_live_turns"):
+        for function in _PG_FUNCTIONS:
             op.execute(f"DROP FUNCTION IF EXISTS {function}()")
     op.drop_table("live_turn_counts")
 
