@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from psycopg.pq import TransactionStatus
 from sqlalchemy import ColumnElement, Engine, create_engine, event, inspect, literal_column, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, NoSuchModuleError
@@ -225,10 +226,43 @@ def session_scope(
         yield session
         session.commit()
     except BaseException:
-        session.rollback()
+        _end_failed(session)
         raise
     finally:
         session.close()
+
+
+#: A transaction is assigned an id at its first write (or row lock); until then it wrote
+#: nothing.
+_NOTHING_WRITTEN = "SELECT txid_current_if_assigned() IS NULL"
+_IN_TRANSACTION = TransactionStatus.INTRANS
+
+
+def _end_failed(session: Session) -> None:
+    """End the transaction of a block that raised: ``ROLLBACK``, unless PostgreSQL shows that
+    it wrote nothing (no transaction id assigned; a refusal read before any write), which ends
+    with ``COMMIT`` instead. The two end such a transaction alike, but psycopg drops every
+    prepared statement of the connection at each ``ROLLBACK``: one owner's refused launch
+    would make the next request on that pooled connection, any owner's, plan its statements
+    again."""
+    if _wrote_nothing(session):
+        session.expunge_all()  # what was never flushed stays unwritten
+        session.commit()
+    else:
+        session.rollback()
+
+
+def _wrote_nothing(session: Session) -> bool:
+    if session.get_transaction() is None or session.get_bind().dialect.name != "postgresql":
+        return False
+    try:
+        connection = session.connection()
+        driver = connection.connection.driver_connection
+        if driver is None or driver.info.transaction_status != _IN_TRANSACTION:
+            return False
+        return bool(connection.exec_driver_sql(_NOTHING_WRITTEN).scalar())
+    except Exception:  # the check failing is no reason not to roll back
+        return False
 
 
 def alembic_config(url: str) -> Config:
