@@ -469,7 +469,7 @@ class LiveRunCount(Base):
 
 class LiveTurnCount(Base):
     """A part of ``owner``'s count of live provider turns (steps ``running`` with a turn or a
-    start claimed), kept by triggers on ``steps`` (migration 0023): the sum of its slots."""
+    start claimed), kept by triggers on ``steps`` (migration 0024): the sum of its slots."""
 
     __tablename__ = "live_turn_counts"
 

@@ -1,7 +1,7 @@
 """What an owner uses of its budgets other than live runs, as scalar subqueries that
 :mod:`.admission` puts in its statements: its registered definition versions (through the
 owner's index on ``workflow_definitions``), its live provider turns (the rows triggers on
-``steps`` keep, migration 0023) and its stored bytes (the sizes of its artifacts, through
+``steps`` keep, migration 0024) and its stored bytes (the sizes of its artifacts, through
 their key, which starts with the owner). Each reads the owner's own rows only, so its cost is
 the owner's: a plain owner's launch reads no one else's."""
 
@@ -41,7 +41,7 @@ def stored_bytes(owner: Any) -> ColumnElement[int]:
 def live_turns(owner: Any) -> ColumnElement[int]:
     """``owner``'s provider turns started and not yet ended: its steps that are ``running``
     with a turn or with a start claimed (a start in flight counts, so a claim that took the
-    last place is seen by the next), as the triggers of migration 0023 count them: at most
+    last place is seen by the next), as the triggers of migration 0024 count them: at most
     16 rows read through the key, whatever the owner's live runs. Inside the start claim's
     ``UPDATE steps`` it reads the counts as of the statement's start: the claimed step is
     counted from the claim's commit on."""

@@ -1,5 +1,5 @@
 """The live-turn counts admission reads (``owner_use.live_turns``) are kept by triggers on
-``steps`` (migration 0023): whatever writes a step, they equal a count of the steps that are
+``steps`` (migration 0024): whatever writes a step, they equal a count of the steps that are
 ``running`` with a turn or a start claimed, by their run's owner."""
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def test_the_counts_follow_every_way_a_step_becomes_and_stops_being_a_turn(
 _MOVES = {"pending": [], "running": ["running"], "completed": ["running", "completed"]}
 
 
-def _insert_before_0023(settings: Settings, owner: str, statuses: list[str]) -> None:
-    """A running run and its steps, as the schema before 0023 holds them: written new, then
+def _insert_before_0024(settings: Settings, owner: str, statuses: list[str]) -> None:
+    """A running run and its steps, as the schema before 0024 holds them: written new, then
     moved (the status triggers admit only a new run's and a new step's first statuses)."""
     run_id = uuid.uuid4().hex
     with session_scope(settings.database_url) as session:
@@ -139,10 +139,10 @@ def test_turns_there_before_the_migration_are_counted(
     tmp_path: Path, unit_databases: Databases
 ) -> None:
     settings = unit_databases.blank(tmp_path, "t")
-    upgrade(settings.database_url, "0022")
-    _insert_before_0023(settings, "owner-1", ["completed", "running", "pending"])
-    _insert_before_0023(settings, "owner-1", ["running"])
-    _insert_before_0023(settings, "other", ["running", "pending"])
+    upgrade(settings.database_url, "0023")
+    _insert_before_0024(settings, "owner-1", ["completed", "running", "pending"])
+    _insert_before_0024(settings, "owner-1", ["running"])
+    _insert_before_0024(settings, "other", ["running", "pending"])
     upgrade(settings.database_url)
     assert kept(settings) == counted(settings) == {"owner-1": 2, "other": 1}
 

@@ -33,7 +33,7 @@ _STATUS_TRIGGER = (
     "tables; tests/unit/test_status_triggers.py checks it)"
 )
 _COUNT_TRIGGER = "live-run counter (migration 0014), keeps live_run_counts in step with runs"
-_TURN_TRIGGER = "live-turn counter (migration 0023), keeps live_turn_counts in step with steps"
+_TURN_TRIGGER = "live-turn counter (migration 0024), keeps live_turn_counts in step with steps"
 
 #: What the migrations create that no model can say, by dialect: ``(kind, name)`` (a trigger
 #: named ``table.trigger``) and why. Anything else only the migrations make is a difference.

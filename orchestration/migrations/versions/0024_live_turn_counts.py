@@ -13,8 +13,8 @@ steps' live turns away before it goes (a terminal run has none), once its transa
 deferred counts are in. The counts of the turns already there are written under a lock that keeps steps
 from being written meanwhile.
 
-Revision ID: 0023
-Revises: 0022
+Revision ID: 0024
+Revises: 0023
 Create Date: 2026-12-05
 """
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0023"
-down_revision = "0022"
+revision = "0024"
+down_revision = "0023"
 branch_labels = None
 depends_on = None
 
