@@ -33,6 +33,9 @@ _STATUS_TRIGGER = (
     "tables; tests/unit/test_status_triggers.py checks it)"
 )
 _COUNT_TRIGGER = "live-run counter (migration 0014), keeps live_run_counts in step with runs"
+_BYTES_TRIGGER = (
+    "inline-output counter (migration 0023), keeps inline_output_bytes in step with steps"
+)
 
 #: What the migrations create that no model can say, by dialect: ``(kind, name)`` (a trigger
 #: named ``table.trigger``) and why. Anything else only the migrations make is a difference.
@@ -46,6 +49,10 @@ NOT_IN_MODELS: dict[str, dict[tuple[str, str], str]] = {
         ("trigger", "runs.runs_live_inserted"): _COUNT_TRIGGER,
         ("trigger", "runs.runs_live_ended"): _COUNT_TRIGGER,
         ("trigger", "runs.runs_live_deleted"): _COUNT_TRIGGER,
+        ("trigger", "steps.steps_output_inserted"): _BYTES_TRIGGER,
+        ("trigger", "steps.steps_output_changed"): _BYTES_TRIGGER,
+        ("trigger", "steps.steps_output_deleted"): _BYTES_TRIGGER,
+        ("trigger", "runs.runs_outputs_deleted"): _BYTES_TRIGGER + " (a run's cascade)",
     },
 }
 NOT_IN_MODELS["postgresql"] = {
@@ -55,6 +62,15 @@ NOT_IN_MODELS["postgresql"] = {
     ("function", "orch_journal_step"): "the body of a " + _STATUS_TRIGGER,
     ("function", "orch_count_live_run"): "the body of the " + _COUNT_TRIGGER,
     ("function", "orch_forget_live_runs"): "the body of the " + _COUNT_TRIGGER,
+    ("trigger", "steps.steps_pending_outputs_counted"): _BYTES_TRIGGER
+    + " (deferred, before a delete)",
+    ("trigger", "runs.runs_pending_outputs_counted"): _BYTES_TRIGGER
+    + " (deferred, before a delete)",
+    ("trigger", "steps.steps_truncated"): _BYTES_TRIGGER + " (a TRUNCATE empties the counts)",
+    ("function", "orch_count_inline_output"): "the body of the " + _BYTES_TRIGGER,
+    ("function", "orch_uncount_run_outputs"): "the body of the " + _BYTES_TRIGGER,
+    ("function", "orch_count_pending_outputs"): "the body of the " + _BYTES_TRIGGER,
+    ("function", "orch_forget_inline_outputs"): "the body of the " + _BYTES_TRIGGER,
 }
 
 _POSTGRESQL_OBJECTS = text(
