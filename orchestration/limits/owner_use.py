@@ -1,9 +1,10 @@
-"""What an owner uses of the budgets the database does not keep as counts, as scalar
-subqueries that :mod:`.admission` puts in its statements: its registered definition versions
-(through the owner's index on ``workflow_definitions``), its live provider turns (through its
-live runs, ``ix_runs_owner_status_created``, and their steps) and its stored bytes (the sizes
-of its artifacts, through their key, which starts with the owner). Each reads the owner's own
-rows only, so its cost is the owner's: a plain owner's launch reads no one else's."""
+"""What an owner uses of the budgets other than its live runs, as scalar subqueries that
+:mod:`.admission` puts in its statements: its registered definition versions (through the
+owner's index on ``workflow_definitions``), its live provider turns (through its live runs,
+``ix_runs_owner_status_created``, and their steps) and its stored bytes (the sizes of its
+artifacts, through their key, which starts with the owner, and the bytes of its inline
+outputs, which triggers count: migration 0023). Each reads the owner's own rows only, so its
+cost is the owner's: a plain owner's launch reads no one else's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Table, func, or_, select
 
 from orchestration.core.db import constant_in
-from orchestration.core.models import Artifact, Run, Step, WorkflowDefinition
+from orchestration.core.models import (
+    Artifact,
+    InlineOutputBytes,
+    Run,
+    Step,
+    WorkflowDefinition,
+)
 from orchestration.core.states import RUN_LIVE, StepStatus
 
 _RUNS = cast(Table, Run.__table__)
@@ -31,15 +38,22 @@ def definitions(owner: Any) -> ColumnElement[int]:
 
 
 def stored_bytes(owner: Any) -> ColumnElement[int]:
-    """Bytes of ``owner``'s artifacts: the outputs over ``ORCH_INLINE_OUTPUT_BYTES`` of its
-    live and kept runs (an artifact lives until a prune finds nothing referencing it). An
-    inline output is in its step's row, at most ``ORCH_INLINE_OUTPUT_BYTES``, and not
-    counted."""
-    counted: ColumnElement[int] = (
+    """Bytes of ``owner``'s stored outputs, of its live and kept runs: its artifacts (the
+    outputs over ``ORCH_INLINE_OUTPUT_BYTES`` and the files outputs name, each hash once; an
+    artifact lives until a prune finds nothing referencing it) and its outputs kept inline in
+    their steps' rows (the stored JSON's length, counted by the database as they are written:
+    at most :data:`~orchestration.limits.live_counts.SLOTS` rows read through the key)."""
+    artifacts = (
         select(func.coalesce(func.sum(Artifact.size), 0))
         .where(Artifact.owner == owner)
         .scalar_subquery()
     )
+    inline = (
+        select(func.coalesce(func.sum(InlineOutputBytes.bytes), 0))
+        .where(InlineOutputBytes.owner == owner)
+        .scalar_subquery()
+    )
+    counted: ColumnElement[int] = select(artifacts + inline).scalar_subquery()
     return counted
 
 
