@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 from alembic import command
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 
 from orchestration.core.db import alembic_config, session_scope, upgrade
 from orchestration.core.errors import LimitExceeded
@@ -148,3 +148,13 @@ def test_the_migration_counts_the_inline_outputs_already_there(world: World) -> 
     with session_scope(url) as session:
         session.execute(delete(Run))
     assert _inline(world) == 0
+
+
+@pytest.mark.postgresql_only("TRUNCATE's trigger is PostgreSQL's (SQLite has no TRUNCATE)")
+def test_a_truncate_of_runs_empties_the_counts(world: World) -> None:
+    _ran(world, "a" * 100)
+    with session_scope(world.settings.database_url) as session:
+        session.execute(text("TRUNCATE runs CASCADE"))
+    assert _inline(world) == 0
+    _ran(world, "b" * 10)
+    assert _inline(world) == 12
