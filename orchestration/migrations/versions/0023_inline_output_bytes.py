@@ -6,7 +6,9 @@ counted, so many kept runs' small outputs were unbounded. Now triggers on ``step
 bytes of each owner's inline outputs (the length of the output's JSON as the database stores
 it) in ``inline_output_bytes``: a step written with an inline output adds its size, one whose
 output changes adds the change, one deleted takes its size away. An artifact's reference is
-not counted here (the artifact is, in ``artifacts``). The owner is the step's run's.
+not counted here (the artifact is, in ``artifacts``). The owner is the step's run's. The
+stored JSON is each database's own: PostgreSQL's ``jsonb`` text, SQLite's the text written
+(where a non-ASCII character is an escape), so the two may count one output differently.
 
 On PostgreSQL, as for the live runs' counts (0014), a write adds to the slot of its
 connection (``pg_backend_pid() % 16``), deferred to the commit, after locking its slot's row
