@@ -1,9 +1,10 @@
 """Every table, as SQLAlchemy 2 models: runs, steps, the journal, the effects outbox,
 checkpoints, artifacts, registered definitions, schedule fires and pauses, API tokens, the
 sweeper's liveness row, the fleet's samples, pruned runs' counts, live runs' and live turns'
-counts, owners' deletions of runs, owner suspensions with their audit, and the operator's
-agent registry. The Alembic migrations in ``orchestration/migrations`` create exactly these
-(``tests/unit/test_migrations_match_models.py`` compares them)."""
+counts, owners' inline output bytes, owners' deletions of runs, owner suspensions with their
+audit, and the operator's agent registry. The Alembic migrations in
+``orchestration/migrations`` create exactly these (``tests/unit/test_migrations_match_models.py``
+compares them)."""
 
 from __future__ import annotations
 
@@ -465,6 +466,18 @@ class LiveRunCount(Base):
     owner: Mapped[str] = mapped_column(String(200), primary_key=True)
     slot: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     live: Mapped[int] = mapped_column(Integer)
+
+
+class InlineOutputBytes(Base):
+    """A part of ``owner``'s bytes of outputs kept inline in their steps' rows (the length of
+    each output's JSON as the database stores it), kept by triggers on ``steps`` and ``runs``
+    (migration 0023): the bytes are the sum of its slots."""
+
+    __tablename__ = "inline_output_bytes"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    slot: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
 
 
 class LiveTurnCount(Base):

@@ -120,7 +120,7 @@ STORED_BYTES = Budget(
     "owner_stored_bytes",
     "ORCH_MAX_STORED_BYTES_PER_OWNER",
     "max_stored_bytes_per_owner",
-    "stored bytes (the artifacts of live and kept runs)",
+    "stored bytes (the outputs and artifacts of live and kept runs)",
     owner_use.stored_bytes,
     "max_stored_bytes",
     "stored_bytes",

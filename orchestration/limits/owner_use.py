@@ -2,8 +2,9 @@
 :mod:`.admission` puts in its statements: its registered definition versions (through the
 owner's index on ``workflow_definitions``), its live provider turns (the rows triggers on
 ``steps`` keep, migration 0024) and its stored bytes (the sizes of its artifacts, through
-their key, which starts with the owner). Each reads the owner's own rows only, so its cost is
-the owner's: a plain owner's launch reads no one else's."""
+their key, which starts with the owner, and the bytes of its inline outputs, which triggers
+count: migration 0023). Each reads the owner's own rows only, so its cost is the owner's: a
+plain owner's launch reads no one else's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, func, select
 
-from orchestration.core.models import Artifact, LiveTurnCount, WorkflowDefinition
+from orchestration.core.models import Artifact, InlineOutputBytes, LiveTurnCount, WorkflowDefinition
 
 
 def definitions(owner: Any) -> ColumnElement[int]:
@@ -26,15 +27,22 @@ def definitions(owner: Any) -> ColumnElement[int]:
 
 
 def stored_bytes(owner: Any) -> ColumnElement[int]:
-    """Bytes of ``owner``'s artifacts: the outputs over ``ORCH_INLINE_OUTPUT_BYTES`` of its
-    live and kept runs (an artifact lives until a prune finds nothing referencing it). An
-    inline output is in its step's row, at most ``ORCH_INLINE_OUTPUT_BYTES``, and not
-    counted."""
-    counted: ColumnElement[int] = (
+    """Bytes of ``owner``'s stored outputs, of its live and kept runs: its artifacts (the
+    outputs over ``ORCH_INLINE_OUTPUT_BYTES`` and the files outputs name, each hash once; an
+    artifact lives until a prune finds nothing referencing it) and its outputs kept inline in
+    their steps' rows (the stored JSON's length, counted by the database as they are written:
+    at most :data:`~orchestration.limits.live_counts.SLOTS` rows read through the key)."""
+    artifacts = (
         select(func.coalesce(func.sum(Artifact.size), 0))
         .where(Artifact.owner == owner)
         .scalar_subquery()
     )
+    inline = (
+        select(func.coalesce(func.sum(InlineOutputBytes.bytes), 0))
+        .where(InlineOutputBytes.owner == owner)
+        .scalar_subquery()
+    )
+    counted: ColumnElement[int] = select(artifacts + inline).scalar_subquery()
     return counted
 
 

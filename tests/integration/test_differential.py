@@ -40,7 +40,15 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import Engine, make_url
 
 from orchestration.core.db import get_engine, normalize_url, session_scope, upgrade
-from orchestration.core.models import Checkpoint, Effect, LiveRunCount, Run, RunEvent, Step
+from orchestration.core.models import (
+    Checkpoint,
+    Effect,
+    InlineOutputBytes,
+    LiveRunCount,
+    Run,
+    RunEvent,
+    Step,
+)
 from orchestration.core.settings import Settings
 from orchestration.core.states import RUN_TERMINAL
 from orchestration.providers.scripted import ScriptedProvider, store_url
@@ -228,6 +236,11 @@ class Record:
                 .group_by(LiveRunCount.owner)
                 .order_by(LiveRunCount.owner)
             ).all()
+            inline = session.execute(
+                select(InlineOutputBytes.owner, func.sum(InlineOutputBytes.bytes))
+                .group_by(InlineOutputBytes.owner)
+                .order_by(InlineOutputBytes.owner)
+            ).all()
         self._journaled += len(events)
         self._name_runs(rows["run"])
         state: dict[str, str] = {}
@@ -241,6 +254,7 @@ class Record:
                     elif key not in _KEYS:
                         state[f"{name}: {key}"] = self._value(value)
         state.update({f"live runs of {owner}": str(count) for owner, count in live})
+        state.update({f"inline output bytes of {owner}": str(count) for owner, count in inline})
         self.ended = {
             self._runs[run["id"]]: (
                 run["status"],

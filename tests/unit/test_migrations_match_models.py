@@ -34,6 +34,9 @@ _STATUS_TRIGGER = (
 )
 _COUNT_TRIGGER = "live-run counter (migration 0014), keeps live_run_counts in step with runs"
 _TURN_TRIGGER = "live-turn counter (migration 0024), keeps live_turn_counts in step with steps"
+_BYTES_TRIGGER = (
+    "inline-output counter (migration 0023), keeps inline_output_bytes in step with steps"
+)
 
 #: What the migrations create that no model can say, by dialect: ``(kind, name)`` (a trigger
 #: named ``table.trigger``) and why. Anything else only the migrations make is a difference.
@@ -50,6 +53,10 @@ NOT_IN_MODELS: dict[str, dict[tuple[str, str], str]] = {
         ("trigger", "steps.steps_turn_inserted"): _TURN_TRIGGER,
         ("trigger", "steps.steps_turn_changed"): _TURN_TRIGGER,
         ("trigger", "runs.runs_turns_deleted"): _TURN_TRIGGER + " (a live run's turns go with it)",
+        ("trigger", "steps.steps_output_inserted"): _BYTES_TRIGGER,
+        ("trigger", "steps.steps_output_changed"): _BYTES_TRIGGER,
+        ("trigger", "steps.steps_output_deleted"): _BYTES_TRIGGER,
+        ("trigger", "runs.runs_outputs_deleted"): _BYTES_TRIGGER + " (a run's cascade)",
     },
 }
 NOT_IN_MODELS["postgresql"] = {
@@ -67,6 +74,15 @@ NOT_IN_MODELS["postgresql"] = {
     ("trigger", "runs.runs_pending_turns_counted"): _TURN_TRIGGER
     + " (a run's delete counts its transaction's deferred turns first)",
     ("function", "orch_forget_live_turns"): "the body of the " + _TURN_TRIGGER,
+    ("trigger", "steps.steps_pending_outputs_counted"): _BYTES_TRIGGER
+    + " (deferred, before a delete)",
+    ("trigger", "runs.runs_pending_outputs_counted"): _BYTES_TRIGGER
+    + " (deferred, before a delete)",
+    ("trigger", "steps.steps_truncated"): _BYTES_TRIGGER + " (a TRUNCATE empties the counts)",
+    ("function", "orch_count_inline_output"): "the body of the " + _BYTES_TRIGGER,
+    ("function", "orch_uncount_run_outputs"): "the body of the " + _BYTES_TRIGGER,
+    ("function", "orch_count_pending_outputs"): "the body of the " + _BYTES_TRIGGER,
+    ("function", "orch_forget_inline_outputs"): "the body of the " + _BYTES_TRIGGER,
 }
 
 _POSTGRESQL_OBJECTS = text(

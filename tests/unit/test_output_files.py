@@ -143,7 +143,8 @@ def test_bytes_that_do_not_hash_as_claimed_fail_the_step_and_store_nothing(world
 def test_the_stored_bytes_budget_refuses_a_new_file_and_not_one_already_stored(
     settings_factory: Callable[..., Settings],
 ) -> None:
-    world = World(settings_factory(inline_output_bytes=INLINE, max_stored_bytes_per_owner=1100))
+    # 1500: the file's 1032 bytes and the inline outputs naming it (about 150 bytes each).
+    world = World(settings_factory(inline_output_bytes=INLINE, max_stored_bytes_per_owner=1500))
     stored = world.launch(_flow(_part(PNG)))  # 1032 bytes: fits
     world.pump()
     again = world.launch(_flow(_part(PNG, name="same.png")))  # the same bytes: cost nothing

@@ -175,22 +175,22 @@ def test_stored_bytes_refuse_the_output_that_passes_them_and_then_launches(
     assert (record.status, record.stop_reason) == ("failed", "over_limit")
     assert record.steps[0].error == (
         "step a: the output is 4000 bytes and owner 'owner-1' has 4000 stored bytes (the "
-        "artifacts of live and kept runs), the limit of 7000 (ORCH_MAX_STORED_BYTES_PER_OWNER, "
-        "or the owner's own --max-stored-bytes); prune ended runs (orchestration prune) or ask "
-        "an operator to raise it"
+        "outputs and artifacts of live and kept runs), the limit of 7000 "
+        "(ORCH_MAX_STORED_BYTES_PER_OWNER, or the owner's own --max-stored-bytes); prune ended "
+        "runs (orchestration prune) or ask an operator to raise it"
     )
-    # An inline output is not an artifact: it still fits.
+    # An inline output fits, and counts: its JSON string is 102 bytes.
     small = world.launch(_answer(), {"text": "c" * 100})
     world.pump()
     assert world.record(small).status == "completed"
     # At the budget, a launch is refused; other owners are not held back.
     run = cli(world.settings)
     assert run("owners", "set", OWNER, "--max-stored-bytes", "4000").returncode == 0
-    with pytest.raises(LimitExceeded, match=r"has 4000 stored bytes .* the limit of 4000 \("):
+    with pytest.raises(LimitExceeded, match=r"has 4102 stored bytes .* the limit of 4000 \("):
         world.launch(_answer(), {"text": "d"})
     launch(world.settings, _answer(), {"text": "d"}, owner="other")
     shown = json.loads(run("owners", "show", OWNER, "--json").stdout)["budgets"]
-    assert ("owner_stored_bytes", 4000, 4000, 4000) in [
+    assert ("owner_stored_bytes", 4102, 4000, 4000) in [
         (b["budget"], b["used"], b["limit"], b["own"]) for b in shown
     ]
 
