@@ -11,8 +11,8 @@ quoted with and without it.
 
 With item 1 in the same run, director's chains are timed in item 1's rounds, beside the
 engine's, the bare chain's and the other peers' (``bench.peers.lineup``; :class:`Director`
-keeps its worker up meanwhile, stopped outside its own turns): the ratio then compares chains
-run seconds apart.
+keeps its worker up meanwhile, at the lowest priority outside its own turns): the ratio then
+compares chains run seconds apart.
 """
 
 from __future__ import annotations

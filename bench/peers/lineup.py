@@ -2,10 +2,11 @@
 and Prefect 3 (:mod:`bench.peers.driven`), started together and kept up while item 1's
 rounds time them beside the engine's chain and the bare one.
 
-Each peer's processes are stopped (``SIGSTOP``) outside its own turns, and continued for
-them: a peer's work between its chains (Prefect's API server, DBOS's queue poller) would
-otherwise run on the same two cores while the engine's chain, the bare one or another peer
-is timed. What a peer's processes put off while stopped, they do in their own turn.
+Each peer's processes run at the lowest CPU priority (nice 19) outside its own turns, and at
+the normal one in them: a peer's work between its chains (Prefect's API server, DBOS's queue
+poller) would otherwise take the same two cores from the engine's chain, the bare one or
+another peer while they are timed. Stopping the peers instead (``SIGSTOP``) broke Prefect's
+own timers: its chains after the first took six times as long.
 
 The report keeps director's entry under ``peer`` (as before) and the others under
 ``peers``, one entry per row.
@@ -14,7 +15,7 @@ The report keeps director's entry under ``peer`` (as before) and the others unde
 from __future__ import annotations
 
 import contextlib
-import signal
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,6 @@ from typing import Any
 
 from bench import peer, rounds
 from bench.peers.driven import DBOSPeer, DrivenPeer, PrefectPeer
-from bench.peers.driver import signal_group
 
 #: The peers a bench run can time, in the order they run in a round.
 NAMES = ("director", "dbos", "prefect")
@@ -50,7 +50,7 @@ class Lineup:
 
     def contestants(self) -> list[Callable[[], None]]:
         """Each peer row's "time one chain" callable, for item 1's rounds: the peer's
-        processes continued for its chain only."""
+        processes at the normal priority for its chain only."""
         timed = []
         if self.director is not None:
             timed.append(_turn(self.director.groups, self.director.time_chain))
@@ -64,14 +64,13 @@ class Lineup:
         return found + [group for one in self.driven for group in one.groups()]
 
     @contextlib.contextmanager
-    def stopped(self) -> Iterator[None]:
-        """Every peer stopped for the ``with`` block, and continued after it (so that each
-        can be shut down)."""
-        _send(self.groups(), signal.SIGSTOP)
+    def yielding(self) -> Iterator[None]:
+        """Every peer at the lowest priority for the ``with`` block, at the normal one after."""
+        _prioritise(self.groups(), LOWEST)
         try:
             yield
         finally:
-            _send(self.groups(), signal.SIGCONT)
+            _prioritise(self.groups(), NORMAL)
 
     def results(self, interleaved: bool) -> dict[str, Any]:
         """The report's ``peer`` (director) and ``peers`` (the others) entries."""
@@ -110,24 +109,31 @@ def started(
             stack.callback(one.close)
             one.start(admin_url)
             lineup.driven.append(one)
-        stack.enter_context(lineup.stopped())
+        stack.enter_context(lineup.yielding())
         yield lineup
 
 
-def _send(groups: list[int], signum: int) -> None:
+#: The niceness of a peer's processes outside its turns, and in them.
+LOWEST, NORMAL = 19, 0
+
+
+def _prioritise(groups: list[int], nice: int) -> None:
+    """Set the niceness of every process of ``groups`` (raising a priority back needs the
+    right to, ``CAP_SYS_NICE``: without it the peer stays at the lowest, in its turns too)."""
     for group in groups:
-        signal_group(group, signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.setpriority(os.PRIO_PGRP, group, nice)
 
 
 def _turn(groups: Callable[[], list[int]], time_one: Callable[[], None]) -> Callable[[], None]:
-    """``time_one`` with the peer's process groups continued for it, stopped again after."""
+    """``time_one`` with the peer's process groups at the normal priority, the lowest after."""
 
     def turn() -> None:
-        _send(groups(), signal.SIGCONT)
+        _prioritise(groups(), NORMAL)
         try:
             time_one()
         finally:
-            _send(groups(), signal.SIGSTOP)
+            _prioritise(groups(), LOWEST)
 
     return turn
 

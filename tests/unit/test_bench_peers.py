@@ -5,9 +5,10 @@ make. The real drivers run in ``make bench``."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,11 @@ import psutil
 import pytest
 
 from bench import rounds, tables, targets
-from bench.peers import driven, venv
+from bench.peers import venv
 from bench.peers.driven import DBOSPeer, PrefectPeer, Row
 from bench.peers.driver import DRIVERS, Driver, DriverError
 from bench.peers.drivers.peer_protocol import FAILED, READY, TIMED, parse
-from bench.peers.lineup import Lineup
+from bench.peers.lineup import LOWEST, NORMAL, Lineup
 
 STAND_IN = """
 import sys, time
@@ -127,17 +128,6 @@ def test_a_driver_that_dies_or_hangs_ends_the_wait_with_its_error(
     assert hung.process.returncode is not None
 
 
-def _settles(process: psutil.Process, *, stopped: bool, within: float = 5.0) -> bool:
-    """The process is (or is not) stopped within ``within`` seconds (a signal is delivered
-    when the process is next scheduled, not when ``kill`` returns)."""
-    deadline = time.monotonic() + within
-    while (process.status() == psutil.STATUS_STOPPED) != stopped:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 class StandInPeer(DBOSPeer):
     """DBOS's rows and description, its driver swapped for the stand-in (no database)."""
 
@@ -172,27 +162,38 @@ def test_a_peer_keeps_per_link_seconds_per_row_and_stops_a_row_at_a_failed_chain
     }
 
 
-def test_a_peer_is_stopped_outside_its_own_turns_and_continued_to_be_shut_down(
-    stand_in: Path, fake_venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_peer_runs_at_the_lowest_priority_outside_its_own_turns(
+    stand_in: Path, fake_venv: Path, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(driven, "CHAIN_TIMEOUT_S", 10.0)  # a stopped driver fails, not hangs
     peer = StandInPeer(fake_venv, tmp_path, links=4)
     peer.script = stand_in
     lineup = Lineup(driven=[peer])
+    seen: list[int] = []
     try:
         peer.start("postgresql://unused")
         process = psutil.Process(peer.groups()[0])
-        with lineup.stopped():
-            assert _settles(process, stopped=True)
+        timed = peer.contestants()
+
+        def watched(one: Callable[[], None]) -> Callable[[], None]:
+            def time_one() -> None:
+                seen.append(process.nice())
+                one()
+
+            return time_one
+
+        peer.contestants = lambda: [watched(one) for one in timed]  # type: ignore[method-assign]
+        with lineup.yielding():
+            assert process.nice() == LOWEST
             for contestant in lineup.contestants():
                 contestant()
-                assert _settles(process, stopped=True)
-        assert _settles(process, stopped=False)
+                assert process.nice() == LOWEST
+        assert process.nice() == NORMAL
     finally:
         peer.close()
+    if os.geteuid() == 0:  # raising a priority back needs the right to
+        assert seen == [NORMAL, NORMAL]
     assert [row.error for row in peer.rows] == [None, None]
     assert [len(row.seconds) for row in peer.rows] == [1, 1]
-    assert not process.is_running()
 
 
 def test_a_peer_that_cannot_be_installed_or_is_the_wrong_version_says_why(
