@@ -445,7 +445,10 @@ def test_a_step_that_does_not_move_leaves_its_run_untouched(stack: Stack) -> Non
     # From ``pending`` the step may not complete.
     with sent(settings) as seen, pytest.raises(IllegalTransition):
         move(StepStatus.COMPLETED)
-    assert [word for word, _ in seen.statements] == ["WITH", "SELECT"]
+    # The transition's statement, the refusal's read, and the transaction's end asking whether
+    # it wrote anything (it did not: it ends with COMMIT, ``db.session_scope``).
+    assert [word for word, _ in seen.statements] == ["WITH", "SELECT", "SELECT"]
+    assert "txid_current_if_assigned" in seen.texts[-1][0]
     run = run_row(settings, run_id)
     assert (run.current_step, run.updated_at) == (0, T0)
     move(StepStatus.RUNNING)

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from bench import rounds, tables, targets
@@ -128,6 +127,10 @@ def test_a_driver_that_dies_or_hangs_ends_the_wait_with_its_error(
     assert hung.process.returncode is not None
 
 
+def _nice(pid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, pid)
+
+
 class StandInPeer(DBOSPeer):
     """DBOS's rows and description, its driver swapped for the stand-in (no database)."""
 
@@ -171,23 +174,23 @@ def test_a_peer_runs_at_the_lowest_priority_outside_its_own_turns(
     seen: list[int] = []
     try:
         peer.start("postgresql://unused")
-        process = psutil.Process(peer.groups()[0])
+        pid = peer.groups()[0]
         timed = peer.contestants()
 
         def watched(one: Callable[[], None]) -> Callable[[], None]:
             def time_one() -> None:
-                seen.append(process.nice())
+                seen.append(_nice(pid))
                 one()
 
             return time_one
 
         peer.contestants = lambda: [watched(one) for one in timed]  # type: ignore[method-assign]
         with lineup.yielding():
-            assert process.nice() == LOWEST
+            assert _nice(pid) == LOWEST
             for contestant in lineup.contestants():
                 contestant()
-                assert process.nice() == LOWEST
-        assert process.nice() == NORMAL
+                assert _nice(pid) == LOWEST
+        assert _nice(pid) == NORMAL
     finally:
         peer.close()
     if os.geteuid() == 0:  # raising a priority back needs the right to
