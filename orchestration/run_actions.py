@@ -151,7 +151,10 @@ class RunActions:
         """The record of the owner's run now, in a transaction of its own."""
         return self.transact(lambda session: Done(self._read(session, run_id, owner)))
 
-    def _read(self, session: Session, run_id: str, owner: str) -> RunRecord:
-        """The record of the owner's run now. Raises :class:`RunNotFound`."""
+    def _read(
+        self, session: Session, run_id: str, owner: str, now: datetime | None = None
+    ) -> RunRecord:
+        """The record of the owner's run at ``now`` (default: now). Raises
+        :class:`RunNotFound`."""
         run = owned.owned(session, run_id, owner)
-        return owned.record(session, self.settings, run, self.clock())
+        return owned.record(session, self.settings, run, now or self.clock())

@@ -138,7 +138,9 @@ class Orchestrator(RunActions, RegisteredWorkflows, OwnerSuspensions):
         now = self.clock()
 
         def read(session: Session) -> Done[tuple[RunRecord, judgement.Judged, str | None]]:
-            record = self._read(session, run_id, owner)
+            # The record's health and the judgement at one instant: a run whose heartbeat dies
+            # between two clocks would read stalled with no sweeper rule owning it.
+            record = self._read(session, run_id, owner, now)
             judged = judgement.judge(session, self.settings, run_id, now)
             assert judged is not None
             cause = session.scalar(select(Run.cause).where(Run.id == record.id))

@@ -4,7 +4,7 @@ and waits for a worker (issue 15: after an answer with no worker up, it named a 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,16 @@ from orchestration.core.settings import Settings
 from orchestration.core.states import Health
 from orchestration.reads.explain import explain
 from orchestration.reads.records import RunRecord, StepRecord
-from tests.unit.support import T0, make_settings, s
+from orchestration.service import Orchestrator
+from tests.unit.support import (
+    T0,
+    RecordingDispatcher,
+    launch,
+    make_settings,
+    s,
+    step_spec,
+    workflow,
+)
 
 
 def _record(next_poll_at: datetime | None, now: datetime) -> RunRecord:
@@ -102,3 +111,16 @@ def test_a_poll_overdue_says_so_and_that_it_waits_for_a_worker(bounds: Settings)
 def test_a_poll_due_just_now_is_not_called_overdue(bounds: Settings) -> None:
     now = T0 + s(10)
     assert "overdue" not in explain(bounds, _record(now - s(1), now), WORKING, now)["next"]
+
+
+def test_the_record_and_the_judgement_are_read_at_one_instant(settings: Settings) -> None:
+    """A heartbeat that dies between two reads of the clock: explain reads the run's health
+    and the sweeper's judgement at the same ``now``, never stalled with no rule owning it."""
+    run_id = launch(settings, workflow(step_spec()), now=T0)
+    alive = T0 + timedelta(seconds=settings.heartbeat_timeout / 2)
+    dead = T0 + timedelta(seconds=settings.heartbeat_timeout * 3)
+    clocks = iter([alive, dead, dead, dead])
+    orch = Orchestrator(settings, RecordingDispatcher(), clock=lambda: next(clocks))
+    said = orch.explain(run_id, owner="owner-1")
+    assert said["health"] == Health.WORKING.value, said
+    assert "leaves it alone" not in said["next"], said
