@@ -211,7 +211,9 @@ def test_the_shapes_example_runs_from_the_demo_with_branches_a_retry_and_an_appr
 
 
 def test_an_interrupted_demo_leaves_no_folder(tmp_path: Path) -> None:
-    env = {**_without_orch(dict(os.environ)), "TMPDIR": str(tmp_path)}
+    # Unbuffered: a line printed into a pipe reaches the test when it is printed, so the
+    # interrupt lands while the demo runs, not after it ended with its output unread.
+    env = {**_without_orch(dict(os.environ)), "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     demo = subprocess.Popen(
         [CLI, "demo"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
