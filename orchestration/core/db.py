@@ -17,10 +17,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from psycopg.pq import TransactionStatus
-from sqlalchemy import ColumnElement, Engine, create_engine, event, inspect, literal_column, text
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    Integer,
+    String,
+    create_engine,
+    event,
+    inspect,
+    literal_column,
+    text,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, NoSuchModuleError
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import QueryableAttribute, Session, sessionmaker
+from sqlalchemy.sql.functions import FunctionElement
 
 from orchestration.core.errors import ConfigurationError, DatabaseNotReady
 
@@ -189,6 +201,47 @@ def constant_in(column: _HasColumn, values: Iterable[str]) -> ColumnElement[bool
     if not all(_NAME.fullmatch(name) for name in names):
         raise ValueError(f"not constant names: {names!r}")
     return column.in_([literal_column(f"'{name}'") for name in names])
+
+
+def constant(value: str | int) -> ColumnElement[Any]:
+    """A constant of the engine's own (a status, a cause, a whole number) written into the
+    statement rather than bound: a bound value is a placeholder and a cast in the SQL, and a
+    statement over psycopg's 4 KiB is parsed again at every execution."""
+    if isinstance(value, int):
+        return literal_column(str(int(value)), Integer)
+    if "'" in value or "\\" in value:
+        raise ValueError(f"not a constant: {value!r}")
+    return literal_column(f"'{value}'", String)
+
+
+class _JsonText(FunctionElement[str]):
+    """A JSON column's member as text: its clauses are the column, the key as PostgreSQL
+    writes it (and any other dialect, when a statement is printed) and the path as SQLite
+    writes it."""
+
+    type = String()
+    name = "json_text"
+    inherit_cache = True
+
+
+@compiles(_JsonText)
+def _json_text(element: _JsonText, compiler: Any, **kw: Any) -> str:
+    column, key, _ = element.clauses
+    return f"({compiler.process(column, **kw)} ->> {compiler.process(key, **kw)})"
+
+
+@compiles(_JsonText, "sqlite")
+def _json_text_sqlite(element: _JsonText, compiler: Any, **kw: Any) -> str:
+    column, _, path = element.clauses
+    return f"json_extract({compiler.process(column, **kw)}, {compiler.process(path, **kw)})"
+
+
+def json_text(column: Any, key: str) -> ColumnElement[str]:
+    """``column ->> 'key'``: the member ``key`` of a JSON column as text, the key written
+    into the statement (:func:`constant`)."""
+    if not _NAME.fullmatch(key):
+        raise ValueError(f"not a constant name: {key!r}")
+    return _JsonText(column, literal_column(f"'{key}'"), literal_column(f"'$.{key}'"))
 
 
 @contextmanager

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, bindparam, case, func, literal, or_, select
+from sqlalchemy import ColumnElement, Table, and_, bindparam, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from orchestration.core.db import constant_in
+from orchestration.core.db import constant, constant_in
 from orchestration.core.models import Run
 from orchestration.core.settings import Settings
 from orchestration.core.states import (
@@ -60,8 +60,8 @@ def heartbeat_dead(c: Columns = _RUNS.c) -> ColumnElement[bool]:
 def approval_expired(c: Columns = _RUNS.c) -> ColumnElement[bool]:
     """The run waits on an approval whose ``expires_in`` is up."""
     return and_(
-        c.status == RunStatus.PARKED.value,
-        func.coalesce(c.park_reason, "") == ParkReason.APPROVAL.value,
+        c.status == constant(RunStatus.PARKED.value),
+        func.coalesce(c.park_reason, constant("")) == constant(ParkReason.APPROVAL.value),
         c.cancel_requested_at.is_(None),
         c.waiting_until.is_not(None),
         c.waiting_until <= _cut("h_now"),
@@ -74,21 +74,21 @@ def park_expired(c: Columns = _RUNS.c) -> ColumnElement[bool]:
     now = _cut("h_now")
     over_budget = or_(
         *(
-            and_(c.park_reason == reason, c.parked_since < _cut(f"h_park_{reason}"))
+            and_(c.park_reason == constant(reason), c.parked_since < _cut(f"h_park_{reason}"))
             for reason in _KNOWN
         ),
         and_(
-            or_(c.park_reason.is_(None), c.park_reason.not_in(_KNOWN)),
+            or_(c.park_reason.is_(None), ~constant_in(c.park_reason, _KNOWN)),
             c.parked_since < _cut("h_park_other"),
         ),
     )
     # Never NULL, so that its negation is true for every other park.
     timed_approval = and_(
-        func.coalesce(c.park_reason, "") == ParkReason.APPROVAL.value,
+        func.coalesce(c.park_reason, constant("")) == constant(ParkReason.APPROVAL.value),
         c.waiting_until.is_not(None),
     )
     return and_(
-        c.status == RunStatus.PARKED.value,
+        c.status == constant(RunStatus.PARKED.value),
         c.parked_since.is_not(None),
         or_(
             and_(timed_approval, c.waiting_until < now),
@@ -104,26 +104,26 @@ def park_expired(c: Columns = _RUNS.c) -> ColumnElement[bool]:
 def expression(c: Columns = _RUNS.c) -> ColumnElement[str]:
     """A run's health (at ``h_now``, :func:`params`)."""
     polled_park_dead = and_(
-        or_(c.park_reason.is_(None), c.park_reason.not_in(sorted(UNATTENDED_PARKS))),
+        or_(c.park_reason.is_(None), ~constant_in(c.park_reason, UNATTENDED_PARKS)),
         heartbeat_dead(c),
     )
-    parked = c.status == RunStatus.PARKED.value
+    parked = c.status == constant(RunStatus.PARKED.value)
     health: ColumnElement[str] = case(
-        (constant_in(c.status, RUN_TERMINAL), literal(Health.ENDED.value)),
+        (constant_in(c.status, RUN_TERMINAL), constant(Health.ENDED.value)),
         (
             and_(parked, or_(park_expired(c), polled_park_dead)),
-            literal(Health.STALLED.value),
+            constant(Health.STALLED.value),
         ),
-        (parked, literal(Health.WAITING.value)),
+        (parked, constant(Health.WAITING.value)),
         (
             and_(
-                c.status == RunStatus.QUEUED.value,
+                c.status == constant(RunStatus.QUEUED.value),
                 constant_in(c.concurrency, (ConcurrencyState.QUEUED, ConcurrencyState.SLOT)),
             ),
-            literal(Health.WAITING.value),
+            constant(Health.WAITING.value),
         ),
-        (heartbeat_dead(c), literal(Health.STALLED.value)),
-        else_=literal(Health.WORKING.value),
+        (heartbeat_dead(c), constant(Health.STALLED.value)),
+        else_=constant(Health.WORKING.value),
     )
     return health
 

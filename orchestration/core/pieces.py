@@ -27,7 +27,7 @@ from sqlalchemy import CTE, Executable, Select, exists, func, literal_column, se
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import UpdateBase
 
-from orchestration.core.db import TOGETHER, postgresql_url
+from orchestration.core.db import TOGETHER, constant, postgresql_url
 from orchestration.core.settings import Settings
 
 
@@ -103,24 +103,26 @@ def _composed(pieces: tuple[Piece, ...], durable: bool) -> _Composed:
     Each CTE returns at most one row, so the row is every CTE joined ``ON true`` to one
     constant row: a column is a plain reference, not a sub-select of its own (a run's
     columns and its step's, read that way, cost a subplan each). The values are read by
-    position, so only each piece's flag is labelled (``NAME__``), no column: the statement
-    stays short enough for psycopg to cache its parse (4 KiB)."""
+    position, so only each piece's flag is labelled (``pN__``), no column: the statement
+    stays short enough for psycopg to cache its parse (4 KiB;
+    ``tests/unit/test_statement_lengths.py``)."""
     ctes: dict[str, CTE] = {}
-    for piece in pieces:
+    for at, piece in enumerate(pieces):
         statement: Any = piece.statement
         if piece.after is not None:
             statement = statement.where(exists(select(1).select_from(ctes[piece.after])))
-        ctes[piece.name] = statement.cte(piece.name)
+        # Named by position (``p0``, ``p1``…): a name is written once per column read.
+        ctes[piece.name] = statement.cte(f"p{at}")
     joined: Any = select(literal_column("1").label("one")).subquery("one")
     columns: list[Any] = []
     layout = []
     for name, cte in ctes.items():
         joined = joined.outerjoin(cte, true())
-        columns.append(exists(select(1).select_from(cte)).label(f"{name}__"))
+        columns.append(exists(select(1).select_from(cte)).label(f"{cte.name}__"))
         columns.extend(cte.c)
         layout.append((name, tuple(column.key for column in cte.c)))
     if not durable:
-        columns.append(func.set_config("synchronous_commit", "off", True))
+        columns.append(func.set_config(constant("synchronous_commit"), constant("off"), true()))
     statement = select(*columns).select_from(joined).add_cte(*ctes.values())
     return _Composed(statement, tuple(layout))
 

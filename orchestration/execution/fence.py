@@ -43,7 +43,7 @@ from sqlalchemy import (
 from sqlalchemy import String as SqlString
 
 from orchestration.core import deadlines
-from orchestration.core.db import constant_in
+from orchestration.core.db import constant, constant_in, json_text
 from orchestration.core.models import Run, Step
 from orchestration.core.pieces import Piece
 from orchestration.core.settings import Settings
@@ -97,14 +97,6 @@ class Refusal(StrEnum):
     TURNS = "turns"
 
 
-def _constant(text: str) -> ColumnElement[str]:
-    """A constant written into the statement, not bound: the statement is the same for every
-    execution, and a bound value inside ``RETURNING`` is not one SQLite orders reliably."""
-    if "'" in text:
-        raise ValueError(f"not a constant: {text!r}")
-    return literal_column(f"'{text}'", SqlString)
-
-
 def _startable_run(run_id: ColumnElement[Any]) -> ColumnElement[bool]:
     return (
         exists()
@@ -121,47 +113,47 @@ def _turns_full(run_id: ColumnElement[Any]) -> ColumnElement[bool]:
     """The run's owner has no room for one more live turn
     (:data:`orchestration.limits.admission.LIVE_TURNS`, read last: only a start that nothing
     else refuses counts its owner's turns)."""
-    # Correlated by name: the owner is read two subqueries deep, past where SQL Alchemy
-    # correlates by itself.
-    owner = select(RUNS.c.owner).where(RUNS.c.id == run_id).correlate_except(RUNS).scalar_subquery()
-    return admission.refused(owner, (admission.LIVE_TURNS,)).is_not(None)
+    return (
+        exists()
+        .where(RUNS.c.id == run_id, admission.full(admission.LIVE_TURNS, RUNS.c.owner))
+        .correlate_except(RUNS)
+    )
 
 
 def refusal(steps: Any = STEPS) -> ColumnElement[str | None]:
     """Why the step may not be claimed at ``b_now`` (``NULL``: it may), over its row in
     ``steps`` (the table, or an alias of it)."""
     c = steps.c
-    retrying = c.status == StepStatus.RETRYING.value
+    retrying = c.status == constant(StepStatus.RETRYING.value)
 
     def previous_stop(field: str) -> ColumnElement[Any]:
-        value: ColumnElement[Any] = c.turn_stop[field].as_string()
-        return value
+        return json_text(c.turn_stop, field)
 
     # A retrying step's stop names the previous attempt's turn; one naming this attempt's
-    # key, or none, holds nothing back.
+    # key, or none (no stop: its key reads NULL), holds nothing back.
     previous = and_(
         retrying,
-        c.turn_stop.is_not(None),
         func.coalesce(previous_stop("key"), c.idempotency_key) != c.idempotency_key,
     )
+    # Its stop is still pending (stopping), or failed with the turn known (unstoppable).
+    stopping = previous_stop("status") == constant(TurnStopStatus.PENDING.value)
+    unstoppable = and_(
+        previous_stop("status") == constant(TurnStopStatus.FAILED.value),
+        previous_stop("provider_run_id").is_not(None),
+    )
     why: ColumnElement[str | None] = case(
-        (c.provider_run_id.is_not(None), _constant(Refusal.HAS_TURN.value)),
-        (c.start_claimed_at > bindparam("b_claim_floor"), _constant(Refusal.IN_FLIGHT.value)),
-        (and_(retrying, c.retry_at > bindparam("b_now")), _constant(Refusal.BACKOFF.value)),
+        (c.provider_run_id.is_not(None), constant(Refusal.HAS_TURN.value)),
+        (c.start_claimed_at > bindparam("b_claim_floor"), constant(Refusal.IN_FLIGHT.value)),
+        (and_(retrying, c.retry_at > bindparam("b_now")), constant(Refusal.BACKOFF.value)),
         (
-            and_(previous, previous_stop("status") == TurnStopStatus.PENDING.value),
-            _constant(Refusal.STOPPING.value),
-        ),
-        (
-            and_(
-                previous,
-                previous_stop("status") == TurnStopStatus.FAILED.value,
-                previous_stop("provider_run_id").is_not(None),
+            and_(previous, or_(stopping, unstoppable)),
+            case(
+                (stopping, constant(Refusal.STOPPING.value)),
+                else_=constant(Refusal.UNSTOPPABLE.value),
             ),
-            _constant(Refusal.UNSTOPPABLE.value),
         ),
-        (~_startable_run(c.run_id), _constant(Refusal.RUN.value)),
-        (_turns_full(c.run_id), _constant(Refusal.TURNS.value)),
+        (~_startable_run(c.run_id), constant(Refusal.RUN.value)),
+        (_turns_full(c.run_id), constant(Refusal.TURNS.value)),
         else_=null(),
     )
     return why
@@ -169,8 +161,8 @@ def refusal(steps: Any = STEPS) -> ColumnElement[str | None]:
 
 def _cause(attempt: ColumnElement[Any]) -> ColumnElement[Any]:
     return case(
-        (attempt == 1, _constant("turn starting")),
-        else_=_constant("attempt ") + cast(attempt, SqlString) + _constant(" starting"),
+        (attempt == constant(1), constant("turn starting")),
+        else_=constant("attempt ") + cast(attempt, SqlString) + constant(" starting"),
     )
 
 
@@ -187,23 +179,33 @@ def claim_values() -> dict[Any, ColumnElement[Any]]:
     writer changed is judged again as it is now, as a per-column ``CASE`` is."""
     now = bindparam("b_now", type_=STEPS.c.start_claimed_at.type)
     # OFFSET 0 keeps PostgreSQL from pulling the sub-select up into each column's CASE.
-    judged = select(refusal().label("why")).correlate(STEPS).offset(0).subquery("claim_judged")
-    takes = judged.c.why.is_(None)
-    moves = and_(takes, constant_in(STEPS.c.status, _STARTS_ATTEMPT))
+    judged = select(refusal().label("why")).correlate(STEPS).offset(constant(0)).subquery("judged")
+    free = judged.c.why.is_(None)
+    # Whether the claim takes, and whether it moves the step to running, judged once each.
+    decided = (
+        select(
+            free.label("takes"),
+            and_(free, constant_in(STEPS.c.status, _STARTS_ATTEMPT)).label("moves"),
+        )
+        .select_from(judged)
+        .correlate(STEPS)
+        .subquery("claim")
+    )
+    takes, moves = decided.c.takes, decided.c.moves
 
     def moved(value: Any, column: str) -> ColumnElement[Any]:
         return case((moves, value), else_=STEPS.c[column])
 
     row = (
         select(
-            moved(_constant(StepStatus.RUNNING.value), "status"),
+            moved(constant(StepStatus.RUNNING.value), "status"),
             moved(_cause(STEPS.c.attempt), "cause"),
             moved(bindparam("b_input", type_=STEPS.c.input.type), "input"),
             moved(func.coalesce(STEPS.c.started_at, now), "started_at"),
             moved(null(), "retry_at"),
             case((takes, now), else_=STEPS.c.start_claimed_at),
         )
-        .select_from(judged)
+        .select_from(decided)
         .correlate(STEPS)
         .scalar_subquery()
     )
@@ -230,9 +232,8 @@ def _judged(expression: ColumnElement[Any]) -> ColumnElement[Any]:
 #: and its refusal is not judged again).
 _CLAIMED = STEPS.c.start_claimed_at == bindparam("b_now")
 
-#: What the fence and the claim return: the step as the execution reads it, why it may not be
-#: claimed (``refused``), and whether this execution claimed it.
-RETURNED = (
+#: The step as the execution reads it, and whether no human answer waits on it.
+_STEP = (
     STEPS.c.pk,
     STEPS.c.step_id,
     STEPS.c.provider,
@@ -246,9 +247,18 @@ RETURNED = (
     STEPS.c.retry_at,
     STEPS.c.turn_stop,
     _judged(_JUDGED.c.answer.is_(None)).label("unanswered"),
+)
+#: What the fence and the claim return: the step, why it may not be claimed (``refused``),
+#: and whether this execution claimed it.
+RETURNED = (
+    *_STEP,
     case((_CLAIMED, null()), else_=_judged(refusal(_JUDGED))).label("refused"),
     _CLAIMED.label("claimed"),
 )
+#: What the fence carrying a claim returns: a claim it did not take is judged by
+#: :data:`CLAIM`, in the transaction that follows, so each statement judges the claim once
+#: (twice, the statement is over psycopg's 4 KiB and parsed again at every execution).
+_RETURNED_UNJUDGED = (*_STEP, null().label("refused"), _CLAIMED.label("claimed"))
 
 _FENCE = update(STEPS).where(
     STEPS.c.run_id == bindparam("b_run"),
@@ -257,7 +267,7 @@ _FENCE = update(STEPS).where(
     constant_in(STEPS.c.status, STEP_LIVE),
 )
 _FENCED = {
-    "polls": bindparam("b_tick", type_=Integer) + 1,
+    "polls": bindparam("b_tick", type_=Integer) + constant(1),
     "worker": bindparam("b_worker"),
     "worker_pid": bindparam("b_pid"),
     "updated_at": bindparam("b_now"),
@@ -265,11 +275,16 @@ _FENCED = {
 #: The fence alone.
 FENCE: Update = _FENCE.values(_FENCED).returning(*RETURNED)
 #: The fence carrying the claim of a task rendered before it (``b_input``).
-FENCE_AND_CLAIM: Update = _FENCE.values({**_FENCED, **claim_values()}).returning(*RETURNED)
+FENCE_AND_CLAIM: Update = _FENCE.values({**_FENCED, **claim_values()}).returning(
+    *_RETURNED_UNJUDGED
+)
 #: The claim after the fence, on the step this execution fenced (``b_pk`` at ``b_tick + 1``).
 CLAIM: Update = (
     update(STEPS)
-    .where(STEPS.c.pk == bindparam("b_pk"), STEPS.c.polls == bindparam("b_tick", type_=Integer) + 1)
+    .where(
+        STEPS.c.pk == bindparam("b_pk"),
+        STEPS.c.polls == bindparam("b_tick", type_=Integer) + constant(1),
+    )
     .values({**claim_values(), "updated_at": bindparam("b_now")})
     .returning(*RETURNED)
 )
@@ -285,39 +300,41 @@ def phase(
     """What the execution of step ``b_index`` does, over its step's and its run's columns."""
     return case(
         (
-            and_(run_status == RunStatus.WAITING.value, current_step == bindparam("b_index")),
-            _constant(Phase.EFFECTS.value),
+            and_(
+                run_status == constant(RunStatus.WAITING.value),
+                current_step == bindparam("b_index"),
+            ),
+            constant(Phase.EFFECTS.value),
         ),
         (
             and_(
-                step_status == StepStatus.PARKED.value,
-                constant_in(func.coalesce(park_reason, ""), UNATTENDED_PARKS),
+                step_status == constant(StepStatus.PARKED.value),
+                constant_in(func.coalesce(park_reason, constant("")), UNATTENDED_PARKS),
             ),
-            _constant(Phase.HUMAN.value),
+            constant(Phase.HUMAN.value),
         ),
         (
-            or_(step_status == StepStatus.PENDING.value, provider_run_id.is_(None)),
-            _constant(Phase.START.value),
+            or_(step_status == constant(StepStatus.PENDING.value), provider_run_id.is_(None)),
+            constant(Phase.START.value),
         ),
-        else_=_constant(Phase.POLL.value),
+        else_=constant(Phase.POLL.value),
     )
 
 
-def _step_column(name: str) -> Any:
-    return (
-        select(STEPS.c[name])
-        .where(STEPS.c.run_id == RUNS.c.id, STEPS.c.index == bindparam("b_index"))
-        .scalar_subquery()
+#: The phase of a run row being written, judged over its step's row in one subquery.
+RUN_PHASE = (
+    select(
+        phase(
+            STEPS.c.status,
+            STEPS.c.provider_run_id,
+            RUNS.c.status,
+            RUNS.c.park_reason,
+            RUNS.c.current_step,
+        )
     )
-
-
-#: The phase over a run row being written and its step's row (read by a subquery).
-RUN_PHASE = phase(
-    _step_column("status"),
-    _step_column("provider_run_id"),
-    RUNS.c.status,
-    RUNS.c.park_reason,
-    RUNS.c.current_step,
+    .where(STEPS.c.run_id == RUNS.c.id, STEPS.c.index == bindparam("b_index"))
+    .correlate(RUNS)
+    .scalar_subquery()
 )
 
 
@@ -338,7 +355,7 @@ def stamp(statuses: tuple[RunStatus, ...]) -> Update:
             updated_at=bindparam("b_now"),
             deadline_at=bindparam("b_deadline"),
         )
-        .returning(RUNS.c.status, RUN_PHASE.label("phase"))
+        .returning(RUN_PHASE.label("phase"))
     )
 
 

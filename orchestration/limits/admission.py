@@ -23,18 +23,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    Integer,
-    bindparam,
-    case,
-    func,
-    literal_column,
-    null,
-    select,
-)
+from sqlalchemy import ColumnElement, bindparam, case, func, null, select
 from sqlalchemy.orm import Session
 
+from orchestration.core.db import constant
 from orchestration.core.errors import LimitExceeded
 from orchestration.core.models import OwnerBudget
 from orchestration.core.settings import Settings
@@ -139,24 +131,24 @@ def admitted(owner: Any) -> ColumnElement[bool]:
     return refused(owner).is_(None)
 
 
+def full(budget: Budget, owner: Any, more: Any = 1) -> ColumnElement[bool]:
+    """``budget`` has no room for ``more`` of ``owner``."""
+    # A whole number is written into the statement, not bound: a statement built once (the
+    # start claim's) is the same for every execution.
+    added = constant(more) if isinstance(more, int) else more
+    over: ColumnElement[bool] = budget.count(owner) + added > budget.limit(owner)
+    return over
+
+
 def refused(
     owner: Any, budgets: Sequence[Budget] = BUDGETS, more: Any = 1
 ) -> ColumnElement[str | None]:
     """The name of the first of ``budgets`` with no room for ``more`` (``NULL``: admitted)."""
-    # A whole number is written into the statement, not bound: a statement built once (the
-    # start claim's) is the same for every execution.
-    added = literal_column(str(int(more)), Integer) if isinstance(more, int) else more
-    full: ColumnElement[str | None] = case(
-        *(
-            (
-                budget.count(owner) + added > budget.limit(owner),
-                literal_column(f"'{budget.name}'"),
-            )
-            for budget in budgets
-        ),
+    named: ColumnElement[str | None] = case(
+        *((full(budget, owner, more), constant(budget.name)) for budget in budgets),
         else_=null(),
     )
-    return full
+    return named
 
 
 def counts(owner: Any, budgets: Sequence[Budget] = BUDGETS) -> list[ColumnElement[int]]:

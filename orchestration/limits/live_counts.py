@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from orchestration.core.db import constant
 from orchestration.core.models import LiveRunCount
 
 #: The owner of the rows that count every owner's live runs (no owner is empty: launch
@@ -32,7 +33,7 @@ def count_of(owner: Any) -> Any:
     """The live runs of ``owner`` (a value or a bound parameter; :data:`TOTAL` for all), as
     a scalar subquery: at most :data:`SLOTS` rows read through the primary key."""
     return (
-        select(func.coalesce(func.sum(LiveRunCount.live), 0))
+        select(func.coalesce(func.sum(LiveRunCount.live), constant(0)))
         .where(LiveRunCount.owner == owner)
         .scalar_subquery()
     )

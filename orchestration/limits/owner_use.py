@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, func, select
 
+from orchestration.core.db import constant
 from orchestration.core.models import Artifact, InlineOutputBytes, LiveTurnCount, WorkflowDefinition
 
 
@@ -33,12 +34,12 @@ def stored_bytes(owner: Any) -> ColumnElement[int]:
     their steps' rows (the stored JSON's length, counted by the database as they are written:
     at most :data:`~orchestration.limits.live_counts.SLOTS` rows read through the key)."""
     artifacts = (
-        select(func.coalesce(func.sum(Artifact.size), 0))
+        select(func.coalesce(func.sum(Artifact.size), constant(0)))
         .where(Artifact.owner == owner)
         .scalar_subquery()
     )
     inline = (
-        select(func.coalesce(func.sum(InlineOutputBytes.bytes), 0))
+        select(func.coalesce(func.sum(InlineOutputBytes.bytes), constant(0)))
         .where(InlineOutputBytes.owner == owner)
         .scalar_subquery()
     )
@@ -54,7 +55,7 @@ def live_turns(owner: Any) -> ColumnElement[int]:
     ``UPDATE steps`` it reads the counts as of the statement's start: the claimed step is
     counted from the claim's commit on."""
     counted: ColumnElement[int] = (
-        select(func.coalesce(func.sum(LiveTurnCount.live), 0))
+        select(func.coalesce(func.sum(LiveTurnCount.live), constant(0)))
         .where(LiveTurnCount.owner == owner)
         .scalar_subquery()
     )

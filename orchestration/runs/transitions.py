@@ -211,6 +211,21 @@ def _run_touch(columns: tuple[str, ...]) -> Update:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _move_pieces(
+    to: StepStatus,
+    columns: tuple[str, ...],
+    expect: frozenset[StepStatus] | None,
+    run_columns: tuple[str, ...] | None,
+) -> tuple[pieces.Piece, ...]:
+    """A step's move, and its run's touch when ``run_columns``, as pieces built once per
+    shape: :func:`pieces.send` composes a tuple of pieces once, and knows it by identity."""
+    move = pieces.Piece("moved", step_move(to, columns, expect=expect))
+    if run_columns is None:
+        return (move,)
+    return move, pieces.Piece("touched", _run_touch(run_columns), after="moved")
+
+
 def _names(statuses: frozenset[Any]) -> frozenset[str]:
     return frozenset(status.value for status in statuses)
 
@@ -256,13 +271,13 @@ def transition_step(
             touch_run(session, step.run_id, now, **run_values)
     else:
         params = _params(step.pk, row_values, first_start)
-        move = pieces.Piece("moved", step_move(to, tuple(row_values), expect=allowed))
-        sent = [move]
+        run_columns: tuple[str, ...] | None = None
         if run_values is not None:
             run_set = {"updated_at": now, **run_values}
             params["r_key"] = step.run_id
             params.update({f"r_{name}": value for name, value in run_set.items()})
-            sent.append(pieces.Piece("touched", _run_touch(tuple(run_set)), after="moved"))
+            run_columns = tuple(run_set)
+        sent = _move_pieces(to, tuple(row_values), allowed, run_columns)
         moved = pieces.send(session, sent, params)["moved"] is not None
     if not moved:
         current = session.scalar(select(Step.status).where(Step.pk == step.pk))
