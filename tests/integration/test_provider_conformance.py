@@ -122,11 +122,15 @@ def _settled(provider: Provider, where: TurnRef, timeout: float = 30.0) -> tuple
 
 
 def _running(provider: Provider, where: TurnRef) -> None:
-    wait_for(
-        lambda: provider.status(where).status is ProviderStatus.RUNNING,
-        30,
-        what="the turn runs",
-    )
+    """Wait until the turn is seen running; one seen ended never will, and fails at once."""
+
+    def seen() -> bool:
+        status = provider.status(where).status
+        if status in ENDED:
+            pytest.fail(f"the turn ended {status.value} before it was seen running")
+        return status is ProviderStatus.RUNNING
+
+    wait_for(seen, 30, what="the turn runs")
 
 
 def test_start_is_idempotent_per_key(adapter: Adapter, server: Any, provider: Provider) -> None:
