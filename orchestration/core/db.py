@@ -183,6 +183,12 @@ def postgresql_url(url: str) -> bool:
     return make_url(normalize_url(url)).get_backend_name() == "postgresql"
 
 
+def on_postgresql(session: Session) -> bool:
+    """Whether ``session`` is bound to PostgreSQL: where what only PostgreSQL has (advisory
+    and table locks, a transaction's own id) is used; SQLite, one writer at a time, needs none."""
+    return bool(session.get_bind().dialect.name == "postgresql")
+
+
 def insert_spelled(dialect: str, table: Any) -> Any:
     """``INSERT`` into ``table`` as database ``dialect`` spells it, for its ``ON CONFLICT``
     clauses (SQLAlchemy builds them per dialect; the SQL is the same on both)."""
@@ -200,7 +206,7 @@ def constant_in(column: _HasColumn, values: Iterable[str]) -> ColumnElement[bool
     names = sorted(str(value) for value in values)
     if not all(_NAME.fullmatch(name) for name in names):
         raise ValueError(f"not constant names: {names!r}")
-    return column.in_([literal_column(f"'{name}'") for name in names])
+    return column.in_([constant(name) for name in names])
 
 
 def constant(value: str | int) -> ColumnElement[Any]:
@@ -241,7 +247,7 @@ def json_text(column: Any, key: str) -> ColumnElement[str]:
     into the statement (:func:`constant`)."""
     if not _NAME.fullmatch(key):
         raise ValueError(f"not a constant name: {key!r}")
-    return _JsonText(column, literal_column(f"'{key}'"), literal_column(f"'$.{key}'"))
+    return _JsonText(column, constant(key), constant(f"$.{key}"))
 
 
 @contextmanager
@@ -306,7 +312,7 @@ def _end_failed(session: Session) -> None:
 
 
 def _wrote_nothing(session: Session) -> bool:
-    if session.get_transaction() is None or session.get_bind().dialect.name != "postgresql":
+    if session.get_transaction() is None or not on_postgresql(session):
         return False
     try:
         connection = session.connection()

@@ -27,7 +27,7 @@ from sqlalchemy import CTE, Executable, Select, exists, func, literal_column, se
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import UpdateBase
 
-from orchestration.core.db import TOGETHER, constant, postgresql_url
+from orchestration.core.db import TOGETHER, constant, on_postgresql, postgresql_url
 from orchestration.core.settings import Settings
 
 
@@ -48,8 +48,7 @@ Returned = dict[str, Any]
 def together(session: Session) -> bool:
     """Whether :func:`send` sends this session's pieces as one statement: on PostgreSQL,
     unless the session was opened with ``ORCH_SINGLE_STATEMENT`` off."""
-    postgres = session.get_bind().dialect.name == "postgresql"
-    return postgres and bool(session.info.get(TOGETHER, True))
+    return on_postgresql(session) and bool(session.info.get(TOGETHER, True))
 
 
 def send(

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, bindparam, case, func, null, select
 from sqlalchemy.orm import Session
 
-from orchestration.core.db import constant
+from orchestration.core.db import constant, on_postgresql
 from orchestration.core.errors import LimitExceeded
 from orchestration.core.models import OwnerBudget
 from orchestration.core.settings import Settings
@@ -190,7 +190,7 @@ def serialised(session: Session, owner: str) -> None:
     Each statement after it reads a snapshot taken after the lock's last holder committed.
     SQLite has one writer at a time: a transaction that read before another wrote fails at
     its own write instead of counting wrong."""
-    if session.get_bind().dialect.name == "postgresql":
+    if on_postgresql(session):
         session.execute(select(func.pg_advisory_xact_lock(LOCK_SPACE, func.hashtext(owner))))
 
 

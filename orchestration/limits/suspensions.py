@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, exists, select, text
 from sqlalchemy.orm import Session
 
+from orchestration.core.db import on_postgresql
 from orchestration.core.errors import OwnerSuspended, ValidationError
 from orchestration.core.models import OwnerEvent, OwnerSuspension
 
@@ -111,7 +112,7 @@ def current(session: Session) -> dict[str, Suspension]:
 
 def _lock(session: Session) -> None:
     """On PostgreSQL, the table's exclusive lock (see the module docstring)."""
-    if session.get_bind().dialect.name == "postgresql":
+    if on_postgresql(session):
         session.execute(text("LOCK TABLE owner_suspensions IN ACCESS EXCLUSIVE MODE"))
 
 
