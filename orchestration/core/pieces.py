@@ -23,7 +23,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import CTE, Executable, Select, exists, func, literal_column, select, true
+from sqlalchemy import (
+    CTE,
+    Connection,
+    Executable,
+    Select,
+    exists,
+    func,
+    literal_column,
+    select,
+    true,
+)
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import UpdateBase
 
@@ -34,25 +44,43 @@ from orchestration.core.settings import Settings
 @dataclass(frozen=True, eq=False)
 class Piece:
     """One statement of a decision: an ``INSERT``/``UPDATE``/``DELETE … RETURNING`` or a
-    ``SELECT`` of at most one row; ``after`` names the piece whose row it needs."""
+    ``SELECT`` of at most one row; ``after`` names the piece whose row it needs.
+
+    A dependent ``INSERT`` is given as its ``INSERT … RETURNING`` with ``source``, the
+    columns and the ``SELECT`` of its row: the condition of the piece it follows goes into
+    that ``SELECT`` (an ``INSERT`` has no ``WHERE`` of its own)."""
 
     name: str
     statement: UpdateBase | Select[Any]
     after: str | None = None
+    source: tuple[tuple[str, ...], Select[Any]] | None = None
+
+    def written(self, condition: Any = None) -> Any:
+        """The piece's statement, run only where ``condition`` holds (``None``: always)."""
+        statement: Any = self.statement
+        if self.source is not None:
+            columns, row = self.source
+            return statement.from_select(
+                list(columns), row if condition is None else row.where(condition)
+            )
+        return statement if condition is None else statement.where(condition)
 
 
 #: A piece's row by column name (``None``: it returned nothing, or did not run).
 Returned = dict[str, Any]
 
 
-def together(session: Session) -> bool:
+def together(session: Session | Connection) -> bool:
     """Whether :func:`send` sends this session's pieces as one statement: on PostgreSQL,
-    unless the session was opened with ``ORCH_SINGLE_STATEMENT`` off."""
+    unless the session was opened with ``ORCH_SINGLE_STATEMENT`` off (a provider's store,
+    sent on a connection of its own, has no such setting)."""
+    if isinstance(session, Connection):
+        return bool(session.dialect.name == "postgresql")
     return on_postgresql(session) and bool(session.info.get(TOGETHER, True))
 
 
 def send(
-    session: Session,
+    session: Session | Connection,
     pieces: Sequence[Piece],
     params: Mapping[str, Any],
     *,
@@ -73,9 +101,15 @@ def send(
         if piece.after is not None and rows[piece.after] is None:
             rows[piece.name] = None
             continue
-        found = session.execute(piece.statement, dict(params)).first()
+        found = session.execute(_alone(piece), dict(params)).first()
         rows[piece.name] = None if found is None else dict(found._mapping)
     return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _alone(piece: Piece) -> Any:
+    """The piece's statement as a sequence sends it, built once per piece."""
+    return piece.written()
 
 
 def one_statement(settings: Settings) -> bool:
@@ -107,9 +141,10 @@ def _composed(pieces: tuple[Piece, ...], durable: bool) -> _Composed:
     ``tests/unit/test_statement_lengths.py``)."""
     ctes: dict[str, CTE] = {}
     for at, piece in enumerate(pieces):
-        statement: Any = piece.statement
+        condition = None
         if piece.after is not None:
-            statement = statement.where(exists(select(1).select_from(ctes[piece.after])))
+            condition = exists(select(1).select_from(ctes[piece.after]))
+        statement = piece.written(condition)
         # Named by position (``p0``, ``p1``…): a name is written once per column read.
         ctes[piece.name] = statement.cte(f"p{at}")
     joined: Any = select(literal_column("1").label("one")).subquery("one")

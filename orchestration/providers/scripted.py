@@ -35,9 +35,11 @@ Options (``with:``):
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,6 +47,7 @@ from sqlalchemy import (
     JSON,
     Boolean,
     Column,
+    ColumnElement,
     Connection,
     Engine,
     Index,
@@ -56,12 +59,13 @@ from sqlalchemy import (
     func,
     literal,
     select,
+    true,
     update,
 )
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
+from orchestration.core import pieces
 from orchestration.core.db import (
     get_engine,
     insert_spelled,
@@ -186,35 +190,26 @@ class ScriptedProvider:
             "resume": request.resume,
             "resuming": request.resuming,
         }
+        params: dict[str, Any] = {f"t_{name}": values[name] for name in _STARTED_COLUMNS}
+        params.update(t_deadline=request.deadline, t_arrived=utcnow())
         engine = get_engine(self._url)
-        if engine.dialect.name == "postgresql" and _started_at_once(
-            engine, values, request.deadline
-        ):
+        dialect = engine.dialect.name
+        deadlined = request.deadline is not None
+        with _store(engine) as connection:
+            began = pieces.send(connection, _beginning(dialect, deadlined), params)["began"]
+            connection.commit()
+        if began is not None:
             return run_id
+        # Nothing began: the key exists (begun, or tombstoned by a cancel), or the call came
+        # too late. The call is counted on the turn only when it came in time, and journaled.
         with engine.begin() as connection:
-            arrived = _arrival(connection)
-            if request.deadline is not None and arrived > request.deadline:
+            again = connection.execute(_again(dialect, deadlined), params).first()
+            if again is None:
                 outcome = EXPIRED
-            elif connection.execute(
-                insert_spelled(engine.dialect.name, TURNS)
-                .values(**values, start_calls=1, started_at=arrived)
-                .on_conflict_do_nothing(index_elements=[TURNS.c.key])
-                .returning(TURNS.c.key)
-            ).first():
-                outcome = STARTED
             else:
-                # Same key: the turn exists (or was tombstoned by a cancel); never a second one.
-                started_at = connection.execute(
-                    update(TURNS)
-                    .where(TURNS.c.key == request.key)
-                    .values(start_calls=TURNS.c.start_calls + 1)
-                    .returning(TURNS.c.started_at)
-                ).scalar_one()
-                outcome = TOMBSTONE if started_at is None else EXISTING
-            # In the turn's own transaction: a call whose turn never committed did nothing.
-            connection.execute(
-                START_CALLS.insert().values(key=request.key, called_at=arrived, outcome=outcome)
-            )
+                outcome = TOMBSTONE if again.started_at is None else EXISTING
+            called = {**params, "t_outcome": outcome}
+            arrived = connection.execute(_called(dialect), called).scalar_one()
         if outcome == EXPIRED:
             assert request.deadline is not None
             late = (arrived - request.deadline).total_seconds()
@@ -333,63 +328,82 @@ class ScriptedProvider:
         return [dict(row._mapping) for row in rows]
 
 
-#: The columns a start writes, bound as ``t_<column>`` in :data:`_START_ONCE`.
+#: The columns a start writes, bound as ``t_<column>``.
 _STARTED_COLUMNS = ("key", "provider_run_id", "options", "input", "resume", "resuming")
 
 
-def _start_once(deadlined: bool) -> Any:
-    """The one-statement start (PostgreSQL), built once: the turn's insert a data-modifying
-    CTE, so the call row exists only if the turn does; the turn begins when the statement
-    arrived (``statement_timestamp()``), and, when ``deadlined``, only if that is not past
-    ``t_deadline``."""
-    arrived = func.statement_timestamp()
-    columns = [bindparam(f"t_{name}", type_=TURNS.c[name].type) for name in _STARTED_COLUMNS]
-    source = select(*columns, literal(1), arrived)
-    if deadlined:
-        source = source.where(arrived <= bindparam("t_deadline", type_=UTCDateTime()))
+def _arrived(dialect: str) -> ColumnElement[datetime]:
+    """When the call reached the store, on the store's clock where it has one (PostgreSQL's
+    ``statement_timestamp()``; SQLite has none, and takes the caller's, ``t_arrived``): a
+    runtime judges a deadline by when a request arrived, not by when it was sent."""
+    if dialect == "postgresql":
+        return func.statement_timestamp()
+    return bindparam("t_arrived", type_=UTCDateTime())
+
+
+def _in_time(dialect: str, deadlined: bool) -> ColumnElement[bool]:
+    """The call arrived by its request's deadline (``t_deadline``), or had none."""
+    if not deadlined:
+        return true()
+    return _arrived(dialect) <= bindparam("t_deadline", type_=UTCDateTime())
+
+
+@functools.lru_cache(maxsize=4)
+def _beginning(dialect: str, deadlined: bool) -> tuple[pieces.Piece, pieces.Piece]:
+    """A start that begins a turn, as pieces: the turn's insert, made only for a new key and
+    a call in time, and its call's journal row, written only when the turn was (on
+    PostgreSQL one statement in autocommit, as one request to a runtime is one round trip)."""
+    arrived = _arrived(dialect)
+    given = [bindparam(f"t_{name}", type_=TURNS.c[name].type) for name in _STARTED_COLUMNS]
     began = (
-        postgresql.insert(TURNS)
-        .from_select([*_STARTED_COLUMNS, "start_calls", "started_at"], source)
+        insert_spelled(dialect, TURNS)
+        .from_select(
+            [*_STARTED_COLUMNS, "start_calls", "started_at"],
+            # SQLite parses an upsert's SELECT only with a WHERE of its own.
+            select(*given, literal(1), arrived).where(_in_time(dialect, deadlined)),
+        )
         .on_conflict_do_nothing(index_elements=[TURNS.c.key])
-        .returning(TURNS.c.key, TURNS.c.started_at)
-        .cte("began")
+        .returning(TURNS.c.key)
     )
+    call = START_CALLS.insert().returning(START_CALLS.c.key)
+    row = select(given[0], arrived, literal(STARTED))
+    return (
+        pieces.Piece("began", began),
+        pieces.Piece("call", call, after="began", source=(("key", "called_at", "outcome"), row)),
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _again(dialect: str, deadlined: bool) -> Any:
+    """A call for a key that exists, counted on its turn when it came in time; it returns
+    the turn's ``started_at`` (``NULL``: a cancel's tombstone)."""
+    return (
+        update(TURNS)
+        .where(TURNS.c.key == bindparam("t_key"), _in_time(dialect, deadlined))
+        .values(start_calls=TURNS.c.start_calls + 1)
+        .returning(TURNS.c.started_at)
+    )
+
+
+@functools.lru_cache(maxsize=2)
+def _called(dialect: str) -> Any:
+    """The journal row of a call that began nothing (``t_outcome``); it returns when the
+    call arrived."""
     return (
         START_CALLS.insert()
-        .from_select(
-            ["key", "called_at", "outcome"],
-            select(began.c.key, began.c.started_at, literal(STARTED)),
-        )
-        .add_cte(began)
-        .returning(START_CALLS.c.key)
+        .values(key=bindparam("t_key"), called_at=_arrived(dialect), outcome=bindparam("t_outcome"))
+        .returning(START_CALLS.c.called_at)
     )
 
 
-_START_ONCE = {True: _start_once(True), False: _start_once(False)}
-
-
-def _started_at_once(engine: Engine, values: dict[str, Any], deadline: datetime | None) -> bool:
-    """PostgreSQL: a new turn and its start call in one statement, sent in autocommit, as
-    one request to a runtime is one round trip. ``False`` when the key exists or the start
-    came too late: the caller journals that call."""
-    params = {f"t_{name}": values[name] for name in _STARTED_COLUMNS}
-    if deadline is not None:
-        params["t_deadline"] = deadline
+@contextlib.contextmanager
+def _store(engine: Engine) -> Iterator[Connection]:
+    """A connection to the store for :func:`pieces.send`: in autocommit where the pieces go
+    together as one statement (one statement is atomic by itself)."""
     with engine.connect() as connection:
-        done = connection.execution_options(isolation_level="AUTOCOMMIT").execute(
-            _START_ONCE[deadline is not None], params
-        )
-        return done.first() is not None
-
-
-def _arrival(connection: Connection) -> datetime:
-    """When the call reached the store, on the store's clock where it has one (PostgreSQL's
-    ``statement_timestamp()``): a runtime judges a deadline by when a request arrived, not
-    by when it was sent."""
-    if connection.dialect.name == "postgresql":
-        arrived: datetime = connection.execute(select(func.statement_timestamp())).scalar_one()
-        return arrived
-    return utcnow()
+        if engine.dialect.name == "postgresql":
+            connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        yield connection
 
 
 def _reset_at(
