@@ -57,13 +57,21 @@ def heartbeat_dead(c: Columns = _RUNS.c) -> ColumnElement[bool]:
     return dead
 
 
+def _timed_approval(c: Columns) -> ColumnElement[bool]:
+    """The park is an approval with an expiry (``expires_in``); never ``NULL``, so that its
+    negation holds for every other park."""
+    return and_(
+        func.coalesce(c.park_reason, constant("")) == constant(ParkReason.APPROVAL.value),
+        c.waiting_until.is_not(None),
+    )
+
+
 def approval_expired(c: Columns = _RUNS.c) -> ColumnElement[bool]:
     """The run waits on an approval whose ``expires_in`` is up."""
     return and_(
         c.status == constant(RunStatus.PARKED.value),
-        func.coalesce(c.park_reason, constant("")) == constant(ParkReason.APPROVAL.value),
+        _timed_approval(c),
         c.cancel_requested_at.is_(None),
-        c.waiting_until.is_not(None),
         c.waiting_until <= _cut("h_now"),
     )
 
@@ -82,11 +90,7 @@ def park_expired(c: Columns = _RUNS.c) -> ColumnElement[bool]:
             c.parked_since < _cut("h_park_other"),
         ),
     )
-    # Never NULL, so that its negation is true for every other park.
-    timed_approval = and_(
-        func.coalesce(c.park_reason, constant("")) == constant(ParkReason.APPROVAL.value),
-        c.waiting_until.is_not(None),
-    )
+    timed_approval = _timed_approval(c)
     return and_(
         c.status == constant(RunStatus.PARKED.value),
         c.parked_since.is_not(None),
