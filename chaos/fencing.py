@@ -4,12 +4,13 @@ to the run once another process has taken it over, unless it fences the step aga
 :data:`WRITE_JOURNAL` journals every write to ``runs`` and ``steps`` and every ``run_events``
 row, with the writer's ``application_name`` and the database clock, and for a ``steps`` write
 whether it moved the fencing tick (``polls``) forward: a fence. For each partition fault on
-the namespaced worker (``chaos-net``), a run it held is *taken over* at the first re-arm of
-the run (its ``rearms`` grew) or the first fence of its step by another process, after the
-cut. From then on, each write by the cut worker to that run counts in ``writes_after_takeover``
-(must be 0) unless the cut worker had fenced the step again in between (a delivery it held
-that legitimately won the fence), or the write is a *hand-off* under the cut worker's own start
-claim. The check is per worker, not per prefork child.
+a namespaced worker (``chaos-net<n>``, one started per fault), a run it held is *taken over*
+at the first re-arm of the run (its ``rearms`` grew) or the first fence of its step by
+another process, after the cut. From then on, each write by the cut worker to that run
+counts in ``writes_after_takeover`` (must be 0) unless the cut worker had fenced the step
+again in between (a delivery it held that legitimately won the fence), or the write is a
+*hand-off* under the cut worker's own start claim. The check is per worker, not per prefork
+child.
 
 The hand-off: a start whose answer comes back after its run moved on gives the turn's id to
 the step and clears its claim (``orchestration.execution.releasing``), in one statement whose

@@ -3,7 +3,7 @@ network namespace (:mod:`chaos.netns`) and its link cut, cut one way, or slowed,
 
 Kinds:
 
-* ``net_cut``: a third worker, ``chaos-net``, runs in the namespace; once it holds a running
+* ``net_cut``: a third worker, ``chaos-net<n>``, runs in the namespace; once it holds a running
   step (it has just fenced it, if that happens within 8 s; else it fenced it last), its link
   is cut both ways until the sweeper has re-armed every run it held (or they ended). Then the
   database comes back while the broker stays cut, so the worker can act only on what it held
@@ -40,8 +40,11 @@ if TYPE_CHECKING:
 
 PARTITION_KINDS = ("net_cut", "net_oneway", "net_slow", "beat_cut")
 
-#: The namespaced worker's name, and its ``application_name`` without ``chaos-``: traps only
-#: catch ``chaos-w%`` backends, whose client ports they can map to a worker child.
+#: The namespaced workers' name, and their ``application_name`` without ``chaos-``, followed by
+#: the fault's number: each fault starts a worker of its own, and a write is the cut worker's
+#: only if it comes from that very worker, not from the one a later fault starts (which may
+#: take a stop task of a run the earlier one held). Traps only catch ``chaos-w%`` backends,
+#: whose client ports they can map to a worker child.
 VICTIM = "net"
 
 #: Seconds the cut worker gets, database back and broker still cut, to try its writes.
@@ -93,27 +96,29 @@ class Partitions:
         with self.observer.connect() as connection:
             return list(connection.execute(text(sql), params).all())
 
-    def _env(self, network: Network) -> dict[str, str]:
+    def _env(self, network: Network, victim: str) -> dict[str, str]:
         return {
             **self.env,
             "ORCH_BROKER_URL": network.url(self.env["ORCH_BROKER_URL"]),
-            "ORCH_DATABASE_URL": network.url(self.database_url(f"chaos-{VICTIM}")),
+            "ORCH_DATABASE_URL": network.url(self.database_url(f"chaos-{victim}")),
         }
 
-    def _worker(self, network: Network) -> ManagedProcess:
-        """Start the namespaced worker on the fleet's queue and wait until it is ready."""
+    def _worker(self, network: Network) -> tuple[ManagedProcess, str]:
+        """Start a namespaced worker of its own on the fleet's queue and wait until it is
+        ready; the worker, and its name (:data:`VICTIM` and its number)."""
         self.started += 1
+        victim = f"{VICTIM}{self.started}"
         queue = self.fleet.queue
         options = "-P prefork -c 2 --without-mingle --without-gossip -E -l INFO"
         argv = celery_argv("worker", *options.split(), "-n", f"{VICTIM}-{queue}@%h", "-Q", queue)
         log = self.fleet.folder / f"{VICTIM}-{self.started}.log"
-        worker = ManagedProcess(network.command(argv), self._env(network), log)
+        worker = ManagedProcess(network.command(argv), self._env(network, victim), log)
         try:
             worker.wait_for_log("ready.", timeout=90)
         except RuntimeError:
             worker.stop(timeout=1)
             raise
-        return worker
+        return worker, victim
 
     @staticmethod
     def _group(pid: int) -> list[int]:
@@ -149,9 +154,11 @@ class Partitions:
                 return [str(row.id) for row in rows]
             time.sleep(0.1)
 
-    def _taken_over(self, runs: list[str], since: float, timeout: float) -> float | None:
-        """Wait until every run in ``runs`` was re-armed, fenced by another process, or
-        ended; when that happened, or ``None`` on timeout."""
+    def _taken_over(
+        self, runs: list[str], victim: str, since: float, timeout: float
+    ) -> float | None:
+        """Wait until every run in ``runs`` was re-armed, fenced by a process other than
+        ``victim``, or ended; when that happened, or ``None`` on timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             rows = self._rows(
@@ -160,7 +167,7 @@ class Partitions:
                 "  AND w.at > to_timestamp(:since)) AS taken, "
                 "r.status IN ('completed', 'failed', 'cancelled', 'timed_out', 'interrupted') "
                 "AS ended FROM runs r WHERE r.id = ANY(:runs)",
-                victim=f"chaos-{VICTIM}",
+                victim=f"chaos-{victim}",
                 since=since,
                 runs=runs,
             )
@@ -190,7 +197,7 @@ class Partitions:
         network = self._net(fault)
         if network is None:
             return
-        worker = self._worker(network)
+        worker, victim = self._worker(network)
         try:
             held = self._held(worker, timeout=15.0, fresh=8.0)
             if not held:
@@ -198,8 +205,8 @@ class Partitions:
                 return
             fault.at = time.time()
             network.cut(direction)
-            fault.injected, fault.victim, fault.runs = True, VICTIM, held
-            taken = self._taken_over(held, fault.at, timeout=self.heartbeat_timeout + 20.0)
+            fault.injected, fault.victim, fault.runs = True, victim, held
+            taken = self._taken_over(held, victim, fault.at, timeout=self.heartbeat_timeout + 20.0)
             # The database comes back; the broker stays cut, so nothing new reaches the worker.
             network.cut("both", (self.broker_port,))
             fault.until = time.time()
@@ -221,12 +228,12 @@ class Partitions:
         network = self._net(fault)
         if network is None:
             return
-        worker = self._worker(network)
+        worker, victim = self._worker(network)
         try:
             held = self._held(worker, timeout=8.0)
             fault.at = time.time()
             network.slow(*SLOW_LINK)
-            fault.injected, fault.victim = True, VICTIM
+            fault.injected, fault.victim = True, victim
             time.sleep(SLOW_FOR)
             fault.runs = list(dict.fromkeys([*held, *self._held(worker, timeout=0)]))
             dropped = network.dropped()
@@ -247,7 +254,7 @@ class Partitions:
         schedule = self.fleet.folder / f"beat-net-{self.started}"
         beat = ManagedProcess(
             network.command(celery_argv("beat", "-l", "INFO", "-s", str(schedule))),
-            self._env(network),
+            self._env(network, f"{VICTIM}{self.started}"),
             self.fleet.folder / f"beat-net-{self.started}.log",
         )
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chaos.fencing import Cut, Written, writes_after_takeover
+from chaos.fencing import Cut, Written, cuts_of, writes_after_takeover
 
 CUT = Cut("chaos-net", at=100.0, runs=("r1",))
 
@@ -51,3 +51,24 @@ def test_other_workers_and_other_runs_are_not_counted() -> None:
         "r2": [_w(110.0, "chaos-w1", rearm=True), _w(111.0, "chaos-net")],
     }
     assert writes_after_takeover(writes, [CUT]) == []
+
+
+def test_the_worker_a_later_fault_starts_is_not_the_cut_one() -> None:
+    """Each partition fault starts a namespaced worker of its own (``chaos-net<n>``): the
+    worker of the next fault, which may take the stop task of a run the cut one held (full
+    chaos, Redis, 2026-12-06: a stop written 18 s after the takeover by the next fault's
+    worker, counted while both were ``chaos-net``), is another process."""
+
+    class Fault:
+        kind, injected, victim, at, runs = "net_cut", True, "net3", 100.0, ["r1"]
+
+    [cut] = cuts_of([Fault()])
+    writes = {
+        "r1": [
+            _w(110.0, "chaos-w1", rearm=True),
+            _w(118.0, "chaos-net4", "steps"),
+            _w(119.0, "chaos-net3", "steps"),
+        ]
+    }
+    [found] = writes_after_takeover(writes, [cut])
+    assert "chaos-net3 wrote steps" in found
