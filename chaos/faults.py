@@ -6,15 +6,16 @@ Kinds (each names where it strikes; see ``docs/reliability.md``):
   turn's ``INSERT INTO scripted_turns``, after the start claim committed and before the turn
   is recorded);
 * ``kill_transition``: SIGKILL the worker that is writing a status transition (caught in the
-  journal insert, inside the transition's transaction, before commit; on PostgreSQL the
-  compare-and-set and the journal row are one statement, ``WITH moved AS (UPDATE …) INSERT
-  INTO run_events …``, caught before it runs); the caught run's committed status rotates over
-  queued, running, waiting, parked and cancelling, so each kind of transition is hit;
+  journal row its trigger writes, inside the transition's statement and its transaction,
+  before commit); the caught run's committed status rotates over queued, running, waiting,
+  parked and cancelling, so each kind of transition is hit;
 * ``kill_effect``: SIGKILL the worker while a post-step effect runs (the checkpoint insert);
 
-A trap matches the statement anywhere in its text (``%INSERT INTO run_events%``): the engine's
-writes on PostgreSQL open with a ``WITH`` (data-modifying CTEs), and a pattern anchored at
-``INSERT`` would catch nothing.
+A trap matches the statement anywhere in its text (``%INSERT INTO scripted_turns%``): the
+engine's writes on PostgreSQL open with a ``WITH`` (data-modifying CTEs), and a pattern
+anchored at ``INSERT`` would catch nothing. The journal is written by the status triggers
+(``core/status_triggers.py``), so a transition's statement never names ``run_events``: the
+traps on it take any worker statement blocked on their lock (:data:`JOURNALLED`).
 * ``kill_cancel``: a graceful cancel is requested, and the worker applying it is killed while it
   cancels the provider turn;
 * ``kill_countdown``: SIGKILL the worker holding a step's countdown (ETA) message, found with
@@ -72,6 +73,11 @@ KINDS = (
 
 #: Seconds a client is given to reconnect once the restarted broker answers.
 RECONNECT = 2.0
+
+#: What the traps on ``run_events`` catch: any worker statement waiting on their lock, that is
+#: a status change whose trigger writes its journal row (a run's, a step's, a new run's); the
+#: statement itself names ``runs`` or ``steps``, never ``run_events``.
+JOURNALLED = "%"
 
 #: The committed run statuses the transition trap rotates over.
 TRANSITION_SOURCES = ("running", "waiting", "queued", "parked", "cancelling")
@@ -256,7 +262,7 @@ class Injector:
         self._trap(
             fault,
             "run_events",
-            "%INSERT INTO run_events%",
+            JOURNALLED,
             act,
             timeout=3.0,
             accept=lambda c: any(status == wanted for _, status in c.runs),
@@ -371,7 +377,7 @@ class Injector:
         self._trap(
             fault,
             "run_events",
-            "%INSERT INTO run_events%",
+            JOURNALLED,
             lambda c: self._zombie(fault, c.worker, c.run_ids),
             timeout=4.0,
         )

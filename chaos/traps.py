@@ -1,9 +1,10 @@
 """Catching a worker at an exact point of its code, from outside, without touching the engine.
 
 A :class:`Trap` takes ``LOCK TABLE <table> IN SHARE MODE`` in its own transaction. Reads go on,
-but the next worker statement that writes the table (``INSERT INTO run_events`` while it journals
-a transition, ``INSERT INTO scripted_turns`` while it starts a provider turn, ...) blocks inside
-the worker's open transaction. ``pg_stat_activity`` shows that backend waiting on the lock, with
+but the next worker statement that writes the table (a status change, whose trigger journals it
+in ``run_events``; ``INSERT INTO scripted_turns`` while it starts a provider turn, ...) blocks
+inside the worker's open transaction. ``pg_stat_activity`` shows that backend waiting on the
+trap's lock (``pg_blocking_pids``: not on a row another worker holds), with
 its ``application_name`` (which worker) and client port (which prefork child: the port is found
 among the child's sockets in ``/proc``). The fault is then applied to that worker, SIGKILL or
 SIGSTOP, exactly there, and the lock is released.
@@ -92,12 +93,15 @@ class Trap:
         self.pattern = pattern
         self.connection: Connection | None = None
         self.armed = False
+        #: The trap's own backend: a worker counts as caught only while it waits on it.
+        self.backend: int | None = None
 
     def __enter__(self) -> Trap:
         self.connection = self.engine.connect()
         try:
             self.connection.exec_driver_sql("SET LOCAL lock_timeout = '2s'")
             self.connection.exec_driver_sql(f"LOCK TABLE {self.table} IN SHARE MODE")
+            self.backend = self.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
             self.armed = True
         except Exception:
             self.connection.rollback()
@@ -154,9 +158,10 @@ class Trap:
                         "SELECT pid, application_name, client_port, query "
                         "FROM pg_stat_activity WHERE datname = current_database() "
                         "AND application_name LIKE 'chaos-w%' AND wait_event_type = 'Lock' "
+                        "AND :trap = ANY(pg_blocking_pids(pid)) "
                         "AND query ILIKE :pattern ORDER BY query_start"
                     ),
-                    {"pattern": self.pattern},
+                    {"pattern": self.pattern, "trap": self.backend},
                 ).all()
             )
 
