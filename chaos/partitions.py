@@ -12,7 +12,8 @@ Kinds:
 * ``net_oneway``: the same with one direction cut, alternately what the worker sends (its
   statements never arrive) and what it receives (they arrive, their answers do not).
 * ``net_slow``: the namespaced worker works over a slow, lossy link for :data:`SLOW_FOR`
-  seconds, then the link heals and the worker stops gracefully.
+  seconds, then the link heals and the worker is stopped; what it was executing then ends
+  with it, so every run it wrote to during the fault is the fault's.
 * ``beat_cut``: the beat is moved into the namespace and its link cut both ways for the
   heartbeat timeout plus 4 s (no sweeper pass is sent), then healed. The cut is an outage the
   audit excuses up to the heal plus :data:`~chaos.faults.RECONNECT`; after that, no run may be
@@ -176,6 +177,17 @@ class Partitions:
             time.sleep(0.3)
         return None
 
+    def _written_by(self, victim: str, since: float) -> list[str]:
+        """The runs the namespaced worker ``victim`` wrote to since ``since`` (its own name,
+        one per fault, tells its writes from those of the next fault's worker)."""
+        rows = self._rows(
+            "SELECT DISTINCT run_id FROM chaos_writes "
+            "WHERE app = :app AND at >= to_timestamp(:since)",
+            app=f"chaos-{victim}",
+            since=since,
+        )
+        return [str(row.run_id) for row in rows]
+
     def _next_sweep(self, moment: float, timeout: float) -> float | None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -242,6 +254,12 @@ class Partitions:
         finally:
             network.heal()
             worker.stop(timeout=15)
+        if fault.injected:
+            # The stop ends what the worker was executing: a start may have reached the
+            # provider with its record lost, and be made again by another worker. Every run
+            # the worker wrote to since the link slowed is the fault's, up to the stop.
+            fault.runs = list(dict.fromkeys([*fault.runs, *self._written_by(victim, fault.at)]))
+            fault.until = time.time()
 
     def beat_cut(self, fault: Fault) -> None:
         network = self._net(fault)
