@@ -214,8 +214,16 @@ def test_an_interrupted_demo_leaves_no_folder(tmp_path: Path) -> None:
     # Unbuffered: a line printed into a pipe reaches the test when it is printed, so the
     # interrupt lands while the demo runs, not after it ended with its output unread.
     env = {**_without_orch(dict(os.environ)), "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    # SIGINT at its default in the demo: an ignored SIGINT is inherited, and a test that ran
+    # before in this pytest process may have left it ignored (CI's full suite twice, not the
+    # file alone); Python keeps an inherited SIG_IGN, and the demo then runs to its end.
     demo = subprocess.Popen(
-        [CLI, "demo"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [CLI, "demo"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert demo.stdout is not None
