@@ -401,7 +401,7 @@ def _store(engine: Engine) -> Iterator[Connection]:
     """A connection to the store for :func:`pieces.send`: in autocommit where the pieces go
     together as one statement (one statement is atomic by itself)."""
     with engine.connect() as connection:
-        if engine.dialect.name == "postgresql":
+        if pieces.together(connection):
             connection = connection.execution_options(isolation_level="AUTOCOMMIT")
         yield connection
 
