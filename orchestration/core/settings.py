@@ -128,7 +128,7 @@ class Settings(TenantLimits):
     )
 
     #: SQLAlchemy URL of the database; SQLite by default, PostgreSQL in production.
-    database_url: str = "sqlite:///orchestration.core.db"
+    database_url: str = "sqlite:///orchestration.db"
     #: Celery broker URL (Redis, or RabbitMQ via ``amqp://``).
     broker_url: str = "redis://127.0.0.1:6379/0"
     #: Owner used by the CLI when ``--owner`` is not given.

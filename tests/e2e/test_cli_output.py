@@ -347,7 +347,7 @@ def test_read_only_commands_create_no_database(
     assert default.returncode == (1 if command == ["health"] else 2), default.stderr
     assert list(tmp_path.iterdir()) == [], "a read-only command created a file"
     said = default.stdout + default.stderr
-    assert "no database at sqlite:///orchestration.core.db" in said and "db upgrade" in said
+    assert "no database at sqlite:///orchestration.db" in said and "db upgrade" in said
     wrong = tmp_path / "missing" / "folder" / "db.sqlite"
     elsewhere = subprocess.run(
         [CLI, *command],
