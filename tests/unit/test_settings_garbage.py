@@ -17,10 +17,13 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from functools import cache
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
 import pytest
+import typer.main
+import typer.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
@@ -212,6 +215,15 @@ def garbage_for(name: str) -> SearchStrategy[str]:
         choices = {str(choice) for choice in get_args(field.annotation)}
         return TEXT.filter(lambda text: text not in choices)
     return TEXT_GARBAGE[name]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _command_built_once() -> Iterator[None]:
+    """Typer's runner builds the click command tree from the app on every invoke, three
+    quarters of an invoke here; the tree is the same for each of this module's ~1,500."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(typer.testing, "_get_command", cache(typer.main.get_command))
+        yield
 
 
 @pytest.fixture(autouse=True)
