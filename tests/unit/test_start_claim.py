@@ -39,6 +39,8 @@ class SlowStartService:
         #: Set by a test that must act while the start is in flight: the start then answers
         #: once it is set (within the call's bound), not after a fixed time.
         self.gate: threading.Event | None = None
+        #: Set when a start arrives, before it is answered.
+        self.start_arrived = threading.Event()
 
     def __call__(self, talk: Conversation) -> None:
         arrived = time.monotonic()
@@ -47,6 +49,7 @@ class SlowStartService:
             well_behaved({})(talk)
             return
         if talk.request.method == "POST":
+            self.start_arrived.set()
             if self.gate is None:
                 talk.pause(START_SECONDS)
             else:
@@ -90,11 +93,11 @@ def _in_thread(work: Callable[[], Outcome]) -> tuple[threading.Thread, list[Outc
     return thread, outcomes
 
 
-def _wait_for_claim(settings: Settings, run_id: str) -> None:
-    deadline = time.monotonic() + 5
-    while steps_of(settings, run_id)[0].start_claimed_at is None:
-        assert time.monotonic() < deadline, "the start was never claimed"
-        time.sleep(0.01)
+def _wait_for_start_in_flight(settings: Settings, run_id: str, behaviour: SlowStartService) -> None:
+    """Until the claimed start has reached the service. The claim commits before the call is
+    sent: a cancel or close in between is honoured before any call, and no turn starts."""
+    assert behaviour.start_arrived.wait(5), "the start never reached the service"
+    assert steps_of(settings, run_id)[0].start_claimed_at is not None
 
 
 def test_cancel_waits_for_a_start_in_flight_and_stops_the_turn_it_recorded(
@@ -104,7 +107,7 @@ def test_cancel_waits_for_a_start_in_flight_and_stops_the_turn_it_recorded(
     run_id = launch(settings, _workflow(server.url), now=utcnow())
     stepper = Stepper(settings, Executor(settings, None))
     thread, _ = _in_thread(lambda: stepper.advance(run_id, 0, 0))
-    _wait_for_claim(settings, run_id)
+    _wait_for_start_in_flight(settings, run_id, behaviour)
     record = Orchestrator(settings, RecordingDispatcher()).cancel(run_id, owner="owner-1")
     returned = time.monotonic()
     thread.join(10)
@@ -143,7 +146,7 @@ def test_a_start_that_outlives_its_run_stops_its_own_turn(
     run_id = launch(settings, _workflow(server.url), now=utcnow())
     stepper = Stepper(settings, Executor(settings, RecordingDispatcher()))
     thread, outcomes = _in_thread(lambda: stepper.advance(run_id, 0, 0))
-    _wait_for_claim(settings, run_id)
+    _wait_for_start_in_flight(settings, run_id, behaviour)
     # The sweeper closes the run meanwhile (here: directly, as its close does).
     sweeper_queue = RecordingDispatcher()
     Executor(settings, sweeper_queue)(
