@@ -101,6 +101,10 @@ class Fault:
     outage: tuple[float, float] | None = None
     healed: float | None = None
 
+    def own(self, *runs: str) -> None:
+        """Count ``runs`` as this fault's too, after those it has, each once."""
+        self.runs = list(dict.fromkeys([*self.runs, *runs]))
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -200,7 +204,7 @@ class Injector:
         fault.at = self.fleet.kill(worker)
         fault.injected = True
         fault.victim = worker
-        fault.runs = list(dict.fromkeys([*runs, *held]))
+        fault.own(*runs, *held)
 
     def _trap(
         self,
@@ -348,7 +352,7 @@ class Injector:
         fault.at = self.fleet.stop(worker)
         fault.injected = True
         fault.victim = worker
-        fault.runs = list(dict.fromkeys([*runs, *held]))
+        fault.own(*runs, *held)
 
     def _wake(self, fault: Fault) -> None:
         time.sleep(max(0.0, fault.at + self.heartbeat_timeout + 5.0 - time.time()))

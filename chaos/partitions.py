@@ -247,9 +247,8 @@ class Partitions:
             network.slow(*SLOW_LINK)
             fault.injected, fault.victim = True, victim
             time.sleep(SLOW_FOR)
-            fault.runs = list(dict.fromkeys([*held, *self._held(worker, timeout=0)]))
+            fault.own(*held, *self._held(worker, timeout=0))
             dropped = network.dropped()
-            fault.until = time.time()
             fault.detail = f"{network.state} for {SLOW_FOR:.0f}s; {dropped} packets dropped"
         finally:
             network.heal()
@@ -258,7 +257,7 @@ class Partitions:
             # The stop ends what the worker was executing: a start may have reached the
             # provider with its record lost, and be made again by another worker. Every run
             # the worker wrote to since the link slowed is the fault's, up to the stop.
-            fault.runs = list(dict.fromkeys([*fault.runs, *self._written_by(victim, fault.at)]))
+            fault.own(*self._written_by(victim, fault.at))
             fault.until = time.time()
 
     def beat_cut(self, fault: Fault) -> None:
