@@ -9,11 +9,11 @@ renders without the run's data carries its start claim in the fence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestration.core import deadlines, pieces
@@ -49,12 +49,11 @@ class StepRow:
     turn_stop: Any = None
     index: int = 0
     #: Why its start may not be claimed now (``None``: it may), as :func:`fence.refusal`
-    #: judged the row the statement wrote.
+    #: judged the row the statement wrote; not judged by a fence sent with no transaction
+    #: around it, until :func:`still_fenced`.
     refused: Refusal | None = None
     #: Whether this execution's statement claimed its start.
     claimed: bool = False
-    #: Whether no human answer waits on it.
-    unanswered: bool = True
 
     @classmethod
     def of(cls, row: dict[str, Any], run_id: str, index: int) -> StepRow:
@@ -77,7 +76,6 @@ class StepRow:
             index=index,
             refused=None if refused is None else Refusal(refused),
             claimed=bool(row["claimed"]),
-            unanswered=bool(row["unanswered"]),
         )
 
 
@@ -105,20 +103,23 @@ def enter(
     worker: str | None,
     pid: int | None,
     rendered: Any = None,
-    durable: bool = True,
+    quick: bool = False,
 ) -> Entry | Halt:
     """Fence the step with ``tick`` and stamp a running run (claiming the start with the task
     ``rendered`` before the fence, when given); a :class:`Halt` when this delivery must not
     proceed (a duplicate, a stale one, or the run or step has ended). An entry that is not
-    ``stamped`` must go on with :func:`stamp` in a transaction."""
+    ``stamped`` must go on with :func:`stamp` in a transaction.
+
+    ``quick``: sent with no transaction around it, a poll's fence and stamp are not durable
+    (the engine recovers their loss by design), and the refusal of a start it finds is
+    judged by :func:`still_fenced`, in the transaction that goes on with it."""
     bound = fence.params(settings, run_id, index, tick, now, worker, pid)
     claiming = rendered is not None
-    sent = pieces.send(
-        session,
-        fence.ENTER_AND_CLAIM if claiming else fence.ENTER,
-        {**bound, "b_input": rendered} if claiming else bound,
-        durable=durable or claiming,
-    )
+    if claiming:
+        sent = pieces.send(session, fence.ENTER_AND_CLAIM, {**bound, "b_input": rendered})
+    else:
+        entering = fence.ENTER_UNJUDGED if quick else fence.ENTER
+        sent = pieces.send(session, entering, bound, durable=not quick)
     fenced, stamped = sent["fenced"], sent["stamped"]
     if fenced is None:
         return why_not(session, run_id, index)
@@ -148,24 +149,21 @@ def stamp(session: Session, settings: Settings, run_id: str, entry: Entry, now: 
     return Entry(Phase.CANCEL, entry.tick, entry.step, entry.spec, RunStatus.CANCELLING)
 
 
-_OWNED = (
-    select(Step.pk)
-    .where(
-        Step.run_id == bindparam("run"),
-        Step.index == bindparam("index"),
-        Step.polls == bindparam("tick"),
-    )
-    .with_for_update(key_share=True)
-)
-
-
-def still_fenced(session: Session, run_id: str, entry: Entry) -> bool:
-    """Whether the step still holds ``entry``'s tick, locking it until the commit: an entry
-    fenced in a statement of its own goes on in a later transaction, and a newer delivery
-    may have fenced the step in between (its writes then are the newer one's to make). The
-    run is locked first (the stamp), as every execution locks them."""
-    found = session.scalar(_OWNED, {"run": run_id, "index": entry.step.index, "tick": entry.tick})
-    return found is not None
+def still_fenced(
+    session: Session, settings: Settings, run_id: str, entry: Entry, now: datetime
+) -> Entry | None:
+    """``entry`` with its step's refusal judged now (:data:`fence.JUDGE`), the step locked
+    until the commit; ``None`` when it no longer holds the entry's tick. A quick entry goes
+    on in a later transaction, and a newer delivery may have fenced the step in between
+    (its writes then are the newer one's to make). The run is locked first (the stamp), as
+    every execution locks them."""
+    step = entry.step
+    bound = fence.params(settings, run_id, step.index, entry.tick - 1, now, None, None)
+    judged = session.execute(fence.JUDGE, bound).first()
+    if judged is None:
+        return None
+    refused = None if judged.refused is None else Refusal(judged.refused)
+    return replace(entry, step=replace(step, refused=refused))
 
 
 _LIVE_STEPS = [status.value for status in STEP_LIVE]

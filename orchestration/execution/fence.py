@@ -232,7 +232,7 @@ def _judged(expression: ColumnElement[Any]) -> ColumnElement[Any]:
 #: and its refusal is not judged again).
 _CLAIMED = STEPS.c.start_claimed_at == bindparam("b_now")
 
-#: The step as the execution reads it, and whether no human answer waits on it.
+#: The step as the execution reads it.
 _STEP = (
     STEPS.c.pk,
     STEPS.c.step_id,
@@ -246,7 +246,6 @@ _STEP = (
     STEPS.c.start_claimed_at,
     STEPS.c.retry_at,
     STEPS.c.turn_stop,
-    _judged(_JUDGED.c.answer.is_(None)).label("unanswered"),
 )
 #: What the fence and the claim return: the step, why it may not be claimed (``refused``),
 #: and whether this execution claimed it.
@@ -255,9 +254,9 @@ RETURNED = (
     case((_CLAIMED, null()), else_=_judged(refusal(_JUDGED))).label("refused"),
     _CLAIMED.label("claimed"),
 )
-#: What the fence carrying a claim returns: a claim it did not take is judged by
-#: :data:`CLAIM`, in the transaction that follows, so each statement judges the claim once
-#: (twice, the statement is over psycopg's 4 KiB and parsed again at every execution).
+#: What a fence sent with no transaction around it returns: the refusal is not judged (a
+#: poll, the most frequent execution, never needs it, and a statement that holds it pays
+#: for its plan at every execution), but in the transaction that follows (:data:`JUDGE`).
 _RETURNED_UNJUDGED = (*_STEP, null().label("refused"), _CLAIMED.label("claimed"))
 
 _FENCE = update(STEPS).where(
@@ -272,11 +271,26 @@ _FENCED = {
     "worker_pid": bindparam("b_pid"),
     "updated_at": bindparam("b_now"),
 }
-#: The fence alone.
+#: The fence alone, judging the refusal of the step it fenced.
 FENCE: Update = _FENCE.values(_FENCED).returning(*RETURNED)
-#: The fence carrying the claim of a task rendered before it (``b_input``).
+#: The fence alone, the refusal left to :data:`JUDGE`.
+FENCE_UNJUDGED: Update = _FENCE.values(_FENCED).returning(*_RETURNED_UNJUDGED)
+#: The fence carrying the claim of a task rendered before it (``b_input``); a claim it did
+#: not take is judged by :data:`JUDGE` (twice in one statement, it would be over psycopg's
+#: 4 KiB and parsed again at every execution).
 FENCE_AND_CLAIM: Update = _FENCE.values({**_FENCED, **claim_values()}).returning(
     *_RETURNED_UNJUDGED
+)
+#: Why the step an unjudged fence fenced (still at ``b_tick + 1``) may not be claimed now,
+#: read in the transaction that stamped its run, the step held until the commit.
+JUDGE = (
+    select(case((_CLAIMED, null()), else_=refusal()).label("refused"))
+    .where(
+        STEPS.c.run_id == bindparam("b_run"),
+        STEPS.c.index == bindparam("b_index"),
+        STEPS.c.polls == bindparam("b_tick", type_=Integer) + constant(1),
+    )
+    .with_for_update(of=STEPS, key_share=True)
 )
 #: The claim after the fence, on the step this execution fenced (``b_pk`` at ``b_tick + 1``).
 CLAIM: Update = (
@@ -364,6 +378,11 @@ STAMP_RUNNING = stamp((RunStatus.RUNNING,))
 
 #: The entry's pieces: the fence, then the stamp of a running run.
 ENTER = (Piece("fenced", FENCE), Piece("stamped", STAMP_RUNNING, after="fenced"))
+#: The same with the refusal left to :data:`JUDGE`.
+ENTER_UNJUDGED = (
+    Piece("fenced", FENCE_UNJUDGED),
+    Piece("stamped", STAMP_RUNNING, after="fenced"),
+)
 #: The same, the fence carrying the claim.
 ENTER_AND_CLAIM = (
     Piece("fenced", FENCE_AND_CLAIM),

@@ -96,14 +96,15 @@ def claim(
         assert run is not None and row is not None
         return approving.ask(session, settings, run, row, entry.spec, rendered, now)
     answer, resuming, asked = None, False, None
-    if step.attempt > 1 and not step.unanswered:
+    if step.attempt > 1:
         # A turn that resumes a human park carries the answer and names the turn that asked;
         # a retry does neither.
-        answer, asked_turn = session.execute(
-            select(Step.answer, Step.asked_turn).where(Step.pk == step.pk)
+        unanswered, answer, asked_turn = session.execute(
+            select(Step.answer.is_(None), Step.answer, Step.asked_turn).where(Step.pk == step.pk)
         ).one()
-        asked = (asked_turn or {}).get("provider_run_id")
-        resuming = True
+        if not unanswered:
+            asked = (asked_turn or {}).get("provider_run_id")
+            resuming = True
     return Done(
         start_call(settings, entry, rendered, now, answer=answer, resuming=resuming, asked=asked)
     )

@@ -116,8 +116,11 @@ class Stepper:
                 # Stamped here, on the status read: the stamp holds the run row until the
                 # commit, so a claim below is ordered before any cancel.
                 entry = entries.stamp(session, self.settings, run_id, entry, now)
-            if quick is not None and not entries.still_fenced(session, run_id, entry):
-                return Done(Halt("duplicate or stale delivery"))
+            if quick is not None:
+                held = entries.still_fenced(session, self.settings, run_id, entry, now)
+                if held is None:
+                    return Done(Halt("duplicate or stale delivery"))
+                entry = held
             started.append(entry)
             if entry.phase is Phase.START:
                 claimed = claim(session, self.settings, run_id, entry, now, rendered=rendered)
@@ -165,7 +168,7 @@ class Stepper:
             worker=self.worker,
             pid=self.pid,
             rendered=rendered,
-            durable=not quick,
+            quick=quick,
         )
         return found, rendered
 

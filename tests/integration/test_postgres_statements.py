@@ -95,14 +95,14 @@ def test_a_poll_commits_without_waiting_for_the_disk_and_only_itself(stack: Stac
     settings = stack.settings
     bound = fence.params(settings, run_id, 0, tick, clock(), "it", 1)
     with session_scope(settings.database_url, autocommit=True) as session:
-        sent_rows = pieces.send(session, fence.ENTER, bound, durable=False)
+        sent_rows = pieces.send(session, fence.ENTER_UNJUDGED, bound, durable=False)
         assert sent_rows["stamped"] is not None
         after = session.connection().exec_driver_sql("SHOW synchronous_commit").scalar_one()
     assert after == "on"
     assert steps_of(settings, run_id)[0].polls == tick + 1
     # Sent durable (a claim, or inside a transaction), the same pieces leave the setting be.
-    assert "set_config" in str(pieces._composed(fence.ENTER, False).statement)
-    assert "set_config" not in str(pieces._composed(fence.ENTER, True).statement)
+    assert "set_config" in str(pieces._composed(fence.ENTER_UNJUDGED, False).statement)
+    assert "set_config" not in str(pieces._composed(fence.ENTER_UNJUDGED, True).statement)
 
 
 def test_a_poll_updates_the_run_and_the_step_in_place(stack: Stack) -> None:
@@ -124,7 +124,7 @@ def test_a_poll_updates_the_run_and_the_step_in_place(stack: Stack) -> None:
             }
 
         before = read()
-        assert pieces.send(session, fence.ENTER, bound)["stamped"] is not None
+        assert pieces.send(session, fence.ENTER_UNJUDGED, bound)["stamped"] is not None
         after = read()
         session.rollback()
     moved = {

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from orchestration.core.db import session_scope, utcnow
 from orchestration.core.errors import LimitExceeded
 from orchestration.core.settings import Settings
+from orchestration.execution import Poll
 from orchestration.limits import owner_budgets
 from orchestration.service import Orchestrator
 from orchestration.surfaces.api import tokens
@@ -222,6 +223,37 @@ def test_live_turns_refuse_a_launch_and_hold_a_start_until_a_turn_ends(
     world.orch.cancel(first, owner=OWNER)
     world.pump()
     assert world.record(second).status == "completed"
+
+
+def test_a_held_start_is_judged_again_at_every_look_an_approvals_included(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    # A look after the first is a poll's entry (sent with no transaction on PostgreSQL), which
+    # leaves the refusal to the transaction that goes on with a start: an approval, which
+    # claims no turn, is held there too, not asked.
+    world = World(settings_factory(max_live_turns_per_owner=1, max_live_turn_wait=30.0))
+    first = world.launch(workflow(step_spec(with_=RUNNING)))
+    asking = world.launch(
+        {
+            "name": "ask",
+            "steps": [{"id": "review", "approval": {"prompt": "Go?", "expires_in": 600}}],
+        }
+    )
+    world.pump(rounds=4)
+    held = world.record(asking)
+    assert (held.status, held.steps[0].status) == ("queued", "pending")
+    looks = [outcome for run_id, outcome in world.played if run_id == asking]
+    assert [(type(look), getattr(look, "tick", None)) for look in looks] == [
+        (Poll, tick) for tick in (1, 2, 3, 4)
+    ]
+    world.orch.cancel(first, owner=OWNER)
+    world.pump(rounds=2)
+    asked = world.record(asking)
+    assert (asked.status, asked.park_reason, asked.steps[0].status) == (
+        "parked",
+        "approval",
+        "parked",
+    )
 
 
 def test_a_start_held_past_the_wait_fails_its_run_naming_the_budget(

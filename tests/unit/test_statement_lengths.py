@@ -36,10 +36,12 @@ def _sent(parts: tuple[pieces.Piece, ...], durable: bool = True) -> Any:
 
 
 #: What every poll sends (the fence and the stamp, not durable), what a plain task's first
-#: execution sends (the fence carrying the claim), the run's lock with its step, an inline
-#: checkpoint with its outbox row, and a step completed with its run moved on.
+#: execution sends (the fence carrying the claim), the entry in a transaction (judging the
+#: refusal), the run's lock with its step, an inline checkpoint with its outbox row, and a
+#: step completed with its run moved on.
 HOT = {
-    "poll": lambda: _sent(fence.ENTER, durable=False),
+    "poll": lambda: _sent(fence.ENTER_UNJUDGED, durable=False),
+    "entry": lambda: _sent(fence.ENTER),
     "start": lambda: _sent(fence.ENTER_AND_CLAIM),
     "lock": lambda: _sent(rows._lock((RunStatus.PARKED.value, RunStatus.RUNNING.value))),
     "checkpoint": lambda: _sent(effects._captured("postgresql")),
