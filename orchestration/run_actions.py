@@ -156,5 +156,6 @@ class RunActions:
     ) -> RunRecord:
         """The record of the owner's run at ``now`` (default: now). Raises
         :class:`RunNotFound`."""
-        run = owned.owned(session, run_id, owner)
-        return owned.record(session, self.settings, run, now or self.clock())
+        now = now or self.clock()
+        run, judged = owned.owned_judged(session, self.settings, run_id, owner, now)
+        return owned.record(session, self.settings, run, now, judged)

@@ -24,16 +24,43 @@ from orchestration.reads.records import RunRecord, to_record
 def owned(session: Session, run_id: str, owner: str) -> Run:
     """The run ``run_id`` of ``owner``. Raises :class:`RunNotFound` for a missing run, a run
     of another owner, or an id that cannot be one (not text, over 64 characters)."""
+    return _mine(session.get(Run, _checked(run_id)), run_id, owner)
+
+
+def owned_judged(
+    session: Session, settings: Settings, run_id: str, owner: str, now: datetime
+) -> tuple[Run, health.Judged]:
+    """:func:`owned`, with what the SQL judges of the run at ``now``, in the same statement."""
+    row = session.execute(
+        select(Run, *health.JUDGEMENTS).where(Run.id == _checked(run_id)),
+        health.params(settings, now),
+    ).first()
+    if row is None:
+        raise RunNotFound(run_id)
+    return _mine(row[0], run_id, owner), health.judged(row)
+
+
+def _checked(run_id: Any) -> str:
     if not isinstance(run_id, str) or len(run_id) > 64:
         raise RunNotFound(str(run_id)[:64])
-    run = session.get(Run, run_id)
+    return run_id
+
+
+def _mine(run: Run | None, run_id: str, owner: str) -> Run:
     if run is None or run.owner != owner:
         raise RunNotFound(run_id)
     return run
 
 
-def record(session: Session, settings: Settings, run: Run, now: datetime) -> RunRecord:
-    """The record of ``run`` at ``now``: its steps, branch runs and reruns."""
+def record(
+    session: Session,
+    settings: Settings,
+    run: Run,
+    now: datetime,
+    judged: health.Judged | None = None,
+) -> RunRecord:
+    """The record of ``run`` at ``now``: its steps, branch runs and reruns; its health as
+    ``judged`` (read with the run by :func:`owned_judged`), else judged here."""
     steps = list(
         session.scalars(select(Step).where(Step.run_id == run.id).order_by(Step.index)).all()
     )
@@ -42,8 +69,9 @@ def record(session: Session, settings: Settings, run: Run, now: datetime) -> Run
             select(Run.id).where(Run.rerun_of == run.id).order_by(Run.created_at, Run.id)
         )
     )
-    judged = health.judge(session, settings, run.id, now)
-    assert judged is not None
+    if judged is None:
+        judged = health.judge(session, settings, run.id, now)
+        assert judged is not None
     return to_record(
         settings,
         run,

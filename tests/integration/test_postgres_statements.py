@@ -262,6 +262,8 @@ def test_a_cancel_between_polls_is_four_transactions_of_the_engine(stack: Stack)
         record = Orchestrator(settings, None).cancel(run_id, owner="owner-1")
     assert record.status == "cancelled"
     assert len(seen.engine_transactions) == 4, seen.engine_transactions
+    # The record: the run with its health judged in one statement, its steps, its reruns.
+    assert len(seen.engine_transactions[-1]) == 3, seen.engine_transactions
 
 
 def test_a_launch_is_one_statement_outside_a_transaction(stack: Stack) -> None:
