@@ -49,8 +49,8 @@ class StepRow:
     turn_stop: Any = None
     index: int = 0
     #: Why its start may not be claimed now (``None``: it may), as :func:`fence.refusal`
-    #: judged the row the statement wrote; not judged by a fence sent with no transaction
-    #: around it, until :func:`still_fenced`.
+    #: judged the row the statement wrote. A fence sent with no transaction around it, or
+    #: carrying a claim, leaves it unjudged: :func:`still_fenced` or ``CLAIM`` judge it.
     refused: Refusal | None = None
     #: Whether this execution's statement claimed its start.
     claimed: bool = False
