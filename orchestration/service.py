@@ -138,13 +138,12 @@ class Orchestrator(RunActions, RegisteredWorkflows, OwnerSuspensions):
         now = self.clock()
 
         def read(session: Session) -> Done[tuple[RunRecord, judgement.Judged, str | None]]:
-            # The record's health and the judgement at one instant: a run whose heartbeat dies
-            # between two clocks would read stalled with no sweeper rule owning it.
-            record = self._read(session, run_id, owner, now)
-            judged = judgement.judge(session, self.settings, run_id, now)
-            assert judged is not None
-            cause = session.scalar(select(Run.cause).where(Run.id == record.id))
-            return Done((record, judged, suspensions.note(session, owner, cause)))
+            # The record's health and the judgement are one statement's, at one instant: a run
+            # whose heartbeat dies between two clocks would read stalled with no sweeper rule
+            # owning it.
+            run, judged = owned.owned_judged(session, self.settings, run_id, owner, now)
+            record = owned.record(session, self.settings, run, now, judged)
+            return Done((record, judged, suspensions.note(session, owner, run.cause)))
 
         record, judged, suspension = self.transact(read)
         sending = self.transact.queue is not None

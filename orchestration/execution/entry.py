@@ -159,7 +159,7 @@ def still_fenced(
     every execution locks them."""
     step = entry.step
     bound = fence.params(settings, run_id, step.index, entry.tick - 1, now, None, None)
-    judged = session.execute(fence.JUDGE, bound).first()
+    judged = session.execute(fence.JUDGE, {**bound, "b_pk": step.pk}).first()
     if judged is None:
         return None
     refused = None if judged.refused is None else Refusal(judged.refused)

@@ -232,6 +232,19 @@ def _judged(expression: ColumnElement[Any]) -> ColumnElement[Any]:
 #: and its refusal is not judged again).
 _CLAIMED = STEPS.c.start_claimed_at == bindparam("b_now")
 
+
+def _unless_claimed(refused: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``refused``, judged only for a step this execution did not claim."""
+    return case((_CLAIMED, null()), else_=refused)
+
+
+#: The step this execution fenced, as a later statement of the execution finds it (``b_pk``
+#: at ``b_tick + 1``): a newer delivery's fence has moved the tick on.
+_STILL_FENCED = (
+    STEPS.c.pk == bindparam("b_pk"),
+    STEPS.c.polls == bindparam("b_tick", type_=Integer) + constant(1),
+)
+
 #: The step as the execution reads it.
 _STEP = (
     STEPS.c.pk,
@@ -251,7 +264,7 @@ _STEP = (
 #: and whether this execution claimed it.
 RETURNED = (
     *_STEP,
-    case((_CLAIMED, null()), else_=_judged(refusal(_JUDGED))).label("refused"),
+    _unless_claimed(_judged(refusal(_JUDGED))).label("refused"),
     _CLAIMED.label("claimed"),
 )
 #: What a fence sent with no transaction around it returns: the refusal is not judged (a
@@ -281,24 +294,17 @@ FENCE_UNJUDGED: Update = _FENCE.values(_FENCED).returning(*_RETURNED_UNJUDGED)
 FENCE_AND_CLAIM: Update = _FENCE.values({**_FENCED, **claim_values()}).returning(
     *_RETURNED_UNJUDGED
 )
-#: Why the step an unjudged fence fenced (still at ``b_tick + 1``) may not be claimed now,
-#: read in the transaction that stamped its run, the step held until the commit.
+#: Why the step an unjudged fence fenced may not be claimed now, read in the transaction
+#: that stamped its run, the step held until the commit.
 JUDGE = (
-    select(case((_CLAIMED, null()), else_=refusal()).label("refused"))
-    .where(
-        STEPS.c.run_id == bindparam("b_run"),
-        STEPS.c.index == bindparam("b_index"),
-        STEPS.c.polls == bindparam("b_tick", type_=Integer) + constant(1),
-    )
+    select(_unless_claimed(refusal()).label("refused"))
+    .where(*_STILL_FENCED)
     .with_for_update(of=STEPS, key_share=True)
 )
-#: The claim after the fence, on the step this execution fenced (``b_pk`` at ``b_tick + 1``).
+#: The claim after the fence, on the step this execution fenced.
 CLAIM: Update = (
     update(STEPS)
-    .where(
-        STEPS.c.pk == bindparam("b_pk"),
-        STEPS.c.polls == bindparam("b_tick", type_=Integer) + constant(1),
-    )
+    .where(*_STILL_FENCED)
     .values({**claim_values(), "updated_at": bindparam("b_now")})
     .returning(*RETURNED)
 )
