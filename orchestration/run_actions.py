@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
+from orchestration.core import ownership
 from orchestration.core.errors import LimitExceeded, ValidationError
 from orchestration.core.followups import Done
 from orchestration.core.settings import Settings
@@ -53,7 +54,7 @@ class RunActions:
     ) -> Cancellation:
         """:meth:`cancel`, saying also whether it changed anything (``False``: the run had
         already ended, and nothing was cancelled)."""
-        self.transact(lambda session: Done(owned.owned(session, run_id, owner)))
+        ownership.checked(run_id)
         with context.acting(run_id, "run.cancel", owner=owner, graceful=graceful):
             requested = cancellation.request(
                 self.transact,
@@ -62,6 +63,7 @@ class RunActions:
                 now=self.clock(),
                 by=by or f"owner {owner}",
                 stop=not graceful,
+                owner=owner,
             )
             if requested is not None and not graceful:
                 cancellation.finish(

@@ -1,8 +1,8 @@
 """The reads of one owner's run that the service's calls share: the run itself, its record
 and its journal, each inside the caller's transaction.
 
-Another owner's run is :class:`RunNotFound`, exactly like a missing one (invariant 7), so
-every call that names a run goes through :func:`owned` first.
+Another owner's run is :class:`RunNotFound`, exactly like a missing one (invariant 7,
+:mod:`orchestration.core.ownership`).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from orchestration.core import health
+from orchestration.core import health, ownership
 from orchestration.core.errors import RunNotFound
 from orchestration.core.models import Run, RunEvent, Step
 from orchestration.core.settings import Settings
@@ -24,7 +24,12 @@ from orchestration.reads.records import RunRecord, to_record
 def owned(session: Session, run_id: str, owner: str) -> Run:
     """The run ``run_id`` of ``owner``. Raises :class:`RunNotFound` for a missing run, a run
     of another owner, or an id that cannot be one (not text, over 64 characters)."""
-    return _mine(session.get(Run, _checked(run_id)), run_id, owner)
+    return ownership.mine(session.get(Run, ownership.checked(run_id)), run_id, owner)
+
+
+#: Built once: building its judgements' expressions again at each call cost as much CPU as
+#: the statement's round trip.
+_JUDGED = select(Run, *health.JUDGEMENTS).where(Run.id == bindparam("h_run"))
 
 
 def owned_judged(
@@ -32,24 +37,11 @@ def owned_judged(
 ) -> tuple[Run, health.Judged]:
     """:func:`owned`, with what the SQL judges of the run at ``now``, in the same statement."""
     row = session.execute(
-        select(Run, *health.JUDGEMENTS).where(Run.id == _checked(run_id)),
-        health.params(settings, now),
+        _JUDGED, {**health.params(settings, now), "h_run": ownership.checked(run_id)}
     ).first()
     if row is None:
         raise RunNotFound(run_id)
-    return _mine(row[0], run_id, owner), health.judged(row)
-
-
-def _checked(run_id: Any) -> str:
-    if not isinstance(run_id, str) or len(run_id) > 64:
-        raise RunNotFound(str(run_id)[:64])
-    return run_id
-
-
-def _mine(run: Run | None, run_id: str, owner: str) -> Run:
-    if run is None or run.owner != owner:
-        raise RunNotFound(run_id)
-    return run
+    return ownership.mine(row[0], run_id, owner), health.judged(row)
 
 
 def record(

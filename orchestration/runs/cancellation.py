@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
-from orchestration.core import deadlines
+from orchestration.core import deadlines, ownership
 from orchestration.core.db import constant_in
 from orchestration.core.errors import IllegalTransition
 from orchestration.core.followups import Done, Followups, Transact
@@ -30,7 +30,7 @@ from orchestration.core.models import Run, Step
 from orchestration.core.settings import MARGIN_SECONDS, Settings
 from orchestration.core.states import RUN_TERMINAL, STEP_LIVE, RunStatus, StopReason
 from orchestration.runs import closing, turns
-from orchestration.runs.transitions import touch_run, transition_run
+from orchestration.runs.transitions import take_run, transition_run
 
 #: How often ``cancel`` looks whether a provider start in flight has ended (seconds).
 _START_POLL_SECONDS = 0.02
@@ -44,10 +44,16 @@ def request(
     now: datetime,
     by: str,
     stop: bool = False,
+    owner: str | None = None,
 ) -> Requested | None:
     """Record the cancel request and move the run to ``cancelling``, then wait until no
     provider start of the run is in flight (at most one provider call): from the return on,
     no turn can start, graceful or not.
+
+    ``owner``: the caller's, checked on the row the request locks; another owner's live run
+    is :class:`RunNotFound`, its request rolled back, so an owner's cancel needs no read of
+    its own first (another owner's ended run is not touched: the caller's read of the record
+    finds it not theirs).
 
     ``stop`` (a hard cancel, :func:`finish` next): when no start was in flight and the run
     has no branch runs, its live turns are read under the request's lock and its tasks are
@@ -56,7 +62,7 @@ def request(
     Returns ``None`` when the run is already terminal (nothing to do).
     """
     recorded = transact(
-        lambda session: _record_request(session, settings, run_id, now, by, stop=stop)
+        lambda session: _record_request(session, settings, run_id, now, by, stop=stop, owner=owner)
     )
     if recorded is None:
         return None
@@ -90,16 +96,22 @@ def _request_branch(
 
 
 def _record_request(
-    session: Session, settings: Settings, run_id: str, now: datetime, by: str, *, stop: bool = False
+    session: Session,
+    settings: Settings,
+    run_id: str,
+    now: datetime,
+    by: str,
+    *,
+    stop: bool = False,
+    owner: str | None = None,
 ) -> Done[Requested | None]:
     # This UPDATE takes the run row's lock: it waits for a step that is claiming a start, and
     # a claim after it sees the request. What is read below is read under that lock.
-    if not touch_run(
-        session, run_id, now, cancel_requested_at=func.coalesce(Run.cancel_requested_at, now)
-    ):
+    run = take_run(session, run_id, now, cancel_requested_at=now)
+    if run is None:
         return Done(None)
-    run = session.get(Run, run_id, populate_existing=True, options=[defer(Run.workflow)])
-    assert run is not None
+    if owner is not None:
+        run = ownership.mine(run, run_id, owner)
     if run.status != RunStatus.CANCELLING:
         deadline = deadlines.for_run(
             settings,

@@ -35,7 +35,7 @@ from orchestration.core.states import (
     TurnStopStatus,
 )
 from orchestration.runs import chains, concurrency, turns
-from orchestration.runs.transitions import lock_run, transition_run, transition_step
+from orchestration.runs.transitions import take_run, transition_run, transition_step
 from orchestration.workflows import decoded
 
 _NOT_STARTED = {RunStatus.CANCELLED: StepStatus.CANCELLED}
@@ -74,9 +74,11 @@ def end_run(
     """
     assert to in RUN_TERMINAL
     # The row lock first (an UPDATE: SQLite ignores FOR UPDATE), so the turns read below are
-    # the ones a starting step recorded before it let the row go.
-    lock_run(session, run_id, now)
-    run = session.get(Run, run_id, populate_existing=True, options=[defer(Run.workflow)])
+    # the ones a starting step recorded before it let the row go. An ended run is read as it
+    # is, for the transition below to say why it cannot move.
+    run = take_run(session, run_id, now) or session.get(
+        Run, run_id, populate_existing=True, options=[defer(Run.workflow)]
+    )
     if run is None:
         raise RunNotFound(run_id)
     # Only a holder's end frees its key. A run queued behind the holder releases nothing, and

@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestration.core.errors import ConflictError, RunNotFound, ValidationError
+from orchestration.core import ownership
+from orchestration.core.errors import ConflictError, ValidationError
 from orchestration.core.models import Run, Step
 from orchestration.core.states import RunStatus, StepStatus
 from orchestration.runs import artifacts
@@ -47,9 +48,7 @@ class Source:
 
 def source(session: Session, run_id: str, owner: str) -> Source:
     """The owner's run ``run_id`` as a rerun reads it (another owner's is not found)."""
-    run = session.get(Run, run_id) if isinstance(run_id, str) and len(run_id) <= 64 else None
-    if run is None or run.owner != owner:
-        raise RunNotFound(str(run_id)[:64])
+    run = ownership.mine(session.get(Run, ownership.checked(run_id)), run_id, owner)
     rows = session.execute(
         select(Step.step_id, Step.status, Step.output, Step.output_sha256)
         .where(Step.run_id == run_id)

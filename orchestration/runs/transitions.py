@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import (
     ColumnElement,
+    Executable,
     Table,
     Update,
     bindparam,
@@ -26,7 +27,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 from sqlalchemy.sql.elements import ClauseElement
 
 from orchestration.core import pieces
@@ -298,6 +299,39 @@ def lock_run(session: Session, run_id: str, now: datetime) -> bool:
     next sees the started step (and its turn to cancel).
     """
     return touch_run(session, run_id, now)
+
+
+@functools.lru_cache(maxsize=16)
+def _taking(firsts: tuple[str, ...]) -> Executable:
+    """The statement of :func:`take_run` writing ``firsts``; built once per shape, as
+    :func:`guarded` is (building it at each call cost more than the round trip it saves)."""
+    table = _TABLES["runs"]
+    sets: dict[str, ColumnElement[Any]] = {
+        "updated_at": bindparam("v_updated_at", type_=table.c.updated_at.type)
+    }
+    for column in firsts:
+        bound = bindparam(f"v_{column}", type_=table.c[column].type)
+        sets[column] = func.coalesce(table.c[column], bound)
+    taken = (
+        update(table)
+        .where(table.c.id == bindparam("w_key"), constant_in(table.c.status, _names(RUN_LIVE)))
+        .values(sets)
+        .returning(*(column for column in table.c if column.name != "workflow"))
+    )
+    return select(Run).from_statement(taken).options(defer(Run.workflow))
+
+
+def take_run(session: Session, run_id: str, now: datetime, **firsts: datetime) -> Run | None:
+    """:func:`lock_run` and the run as written, in one statement: the lock and the read its
+    taker makes next, in one round trip (the workflow deferred). Each of ``firsts`` is
+    written where it is unset. ``None`` when the run is terminal or gone."""
+    params = {"w_key": run_id, "v_updated_at": now}
+    params.update({f"v_{column}": value for column, value in firsts.items()})
+    taken = _taking(tuple(sorted(firsts)))
+    run: Run | None = session.scalars(
+        taken, params, execution_options={"populate_existing": True}
+    ).first()
+    return run
 
 
 def touch_step(session: Session, step: StepKey, now: datetime, **values: Any) -> bool:

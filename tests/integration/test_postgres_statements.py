@@ -252,18 +252,24 @@ def test_a_scripted_start_past_its_deadline_is_refused_on_the_store_clock(stack:
     assert abs((call["called_at"] - sent).total_seconds()) < 1.0
 
 
-def test_a_cancel_between_polls_is_four_transactions_of_the_engine(stack: Stack) -> None:
-    """The owner's read, the request (with the in-flight starts, the branch runs and, none
-    being there, the live turns read under its lock), the terminal rows and the record it
-    returns; the provider's own cancel apart."""
+def test_a_cancel_between_polls_is_three_transactions_of_the_engine(stack: Stack) -> None:
+    """The request, its owner checked on the row it locks (no read before it); the terminal
+    rows; the record it returns. The provider's own cancel apart."""
     settings = stack.settings
     _, _, run_id, _ = _polling(stack)
     with sent(settings) as seen:
         record = Orchestrator(settings, None).cancel(run_id, owner="owner-1")
     assert record.status == "cancelled"
-    assert len(seen.engine_transactions) == 4, seen.engine_transactions
-    # The record: the run with its health judged in one statement, its steps, its reruns.
-    assert len(seen.engine_transactions[-1]) == 3, seen.engine_transactions
+    assert seen.engine_transactions == [
+        # The run taken and read in one UPDATE, moved to cancelling; the starts in flight;
+        # none being there, the live turns, read under the lock.
+        ["UPDATE", "UPDATE", "SELECT", "SELECT"],
+        # The run taken and read again, moved to cancelled; its live step, moved; the turn's
+        # stop recorded.
+        ["UPDATE", "UPDATE", "SELECT", "UPDATE", "UPDATE"],
+        # The record: the run with its health judged in one statement, its steps, its reruns.
+        ["SELECT", "SELECT", "SELECT"],
+    ]
 
 
 def test_a_launch_is_one_statement_outside_a_transaction(stack: Stack) -> None:

@@ -33,7 +33,13 @@ from orchestration.core.states import (
 )
 from orchestration.runs import concurrency
 from orchestration.runs.closing import end_run
-from orchestration.runs.transitions import touch_run, touch_step, transition_run, transition_step
+from orchestration.runs.transitions import (
+    take_run,
+    touch_run,
+    touch_step,
+    transition_run,
+    transition_step,
+)
 from orchestration.runtime.executor import Executor
 from tests.conftest import wait_for
 from tests.unit.conftest import Databases
@@ -52,6 +58,9 @@ from tests.unit.support import (
 )
 
 T1 = T0 + s(5)
+#: A taken run is compared with a fresh read of its row on every column it returns (SQLite's
+#: RETURNING has read a wrong value of an expression on a table with triggers).
+_TAKEN = tuple(column.name for column in Run.__table__.c if column.name != "workflow")
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +274,37 @@ def test_touch_run_writes_a_live_row_without_a_journal_entry(settings: Settings)
 def test_touch_run_of_an_unknown_run_is_false(settings: Settings) -> None:
     with session_scope(settings.database_url) as session:
         assert touch_run(session, "no-such-run", T1, heartbeat_at=T1) is False
+
+
+def test_take_run_returns_the_run_as_written_and_writes_a_first_value_once(
+    settings: Settings,
+) -> None:
+    run_id = launch(settings)
+    before = events_of(settings, run_id)
+    with session_scope(settings.database_url) as session:
+        taken = take_run(session, run_id, T1, cancel_requested_at=T1)
+        assert taken is not None
+        seen = {column: getattr(taken, column) for column in _TAKEN}
+    row = run_row(settings, run_id)
+    assert seen == {column: getattr(row, column) for column in _TAKEN}
+    assert (row.updated_at, row.cancel_requested_at) == (T1, T1)
+    with session_scope(settings.database_url) as session:
+        again = take_run(session, run_id, T1 + s(1), cancel_requested_at=T1 + s(1))
+        assert again is not None and again.cancel_requested_at == T1
+        assert again.updated_at == T1 + s(1)
+    assert len(events_of(settings, run_id)) == len(before)
+
+
+@pytest.mark.parametrize("status", sorted(RUN_TERMINAL))
+def test_take_run_does_not_write_a_terminal_row(settings: Settings, status: RunStatus) -> None:
+    run_id = _run_in(settings, RunStatus.RUNNING)
+    with session_scope(settings.database_url) as session:
+        transition_run(session, run_id, status, cause="end", now=T1, stop_reason=_reason(status))
+    before = snapshot(settings, run_id)
+    with session_scope(settings.database_url) as session:
+        assert take_run(session, run_id, T1 + s(9), cancel_requested_at=T1 + s(9)) is None
+        assert take_run(session, "no-such-run", T1 + s(9)) is None
+    assert snapshot(settings, run_id) == before
 
 
 def test_touch_step_does_not_write_a_terminal_step(settings: Settings) -> None:
