@@ -251,13 +251,17 @@ def test_step_transition_follows_the_table(
 
 
 @pytest.mark.parametrize("status", sorted(RUN_TERMINAL))
-def test_touch_run_does_not_write_a_terminal_row(settings: Settings, status: RunStatus) -> None:
+def test_touch_run_and_take_run_do_not_write_a_terminal_row(
+    settings: Settings, status: RunStatus
+) -> None:
     run_id = _run_in(settings, RunStatus.RUNNING)
     with session_scope(settings.database_url) as session:
         transition_run(session, run_id, status, cause="end", now=T1, stop_reason=_reason(status))
     before = snapshot(settings, run_id)
     with session_scope(settings.database_url) as session:
         assert touch_run(session, run_id, T1 + s(9), heartbeat_at=T1 + s(9), rearms=7) is False
+        assert take_run(session, run_id, T1 + s(9), cancel_requested_at=T1 + s(9)) is None
+        assert take_run(session, "no-such-run", T1 + s(9)) is None
     assert snapshot(settings, run_id) == before
 
 
@@ -293,18 +297,6 @@ def test_take_run_returns_the_run_as_written_and_writes_a_first_value_once(
         assert again is not None and again.cancel_requested_at == T1
         assert again.updated_at == T1 + s(1)
     assert len(events_of(settings, run_id)) == len(before)
-
-
-@pytest.mark.parametrize("status", sorted(RUN_TERMINAL))
-def test_take_run_does_not_write_a_terminal_row(settings: Settings, status: RunStatus) -> None:
-    run_id = _run_in(settings, RunStatus.RUNNING)
-    with session_scope(settings.database_url) as session:
-        transition_run(session, run_id, status, cause="end", now=T1, stop_reason=_reason(status))
-    before = snapshot(settings, run_id)
-    with session_scope(settings.database_url) as session:
-        assert take_run(session, run_id, T1 + s(9), cancel_requested_at=T1 + s(9)) is None
-        assert take_run(session, "no-such-run", T1 + s(9)) is None
-    assert snapshot(settings, run_id) == before
 
 
 def test_touch_step_does_not_write_a_terminal_step(settings: Settings) -> None:
