@@ -14,7 +14,6 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from orchestration.core import health, ownership
-from orchestration.core.errors import RunNotFound
 from orchestration.core.models import Run, RunEvent, Step
 from orchestration.core.settings import Settings
 from orchestration.execution import branching
@@ -39,9 +38,7 @@ def owned_judged(
     row = session.execute(
         _JUDGED, {**health.params(settings, now), "h_run": ownership.checked(run_id)}
     ).first()
-    if row is None:
-        raise RunNotFound(run_id)
-    return ownership.mine(row[0], run_id, owner), health.judged(row)
+    return ownership.mine(None if row is None else row[0], run_id, owner), health.judged(row)
 
 
 def record(

@@ -56,6 +56,12 @@ def _key(table: Table) -> ColumnElement[Any]:
     return table.c.id if table.name == "runs" else table.c.pk
 
 
+def _guard(table: Table, key: Any, sources: frozenset[str]) -> tuple[ColumnElement[bool], ...]:
+    """Every guarded write's ``WHERE``: the row ``key``, only while its status is one of
+    ``sources``."""
+    return (_key(table) == key, constant_in(table.c.status, sources))
+
+
 @functools.lru_cache(maxsize=256)
 def guarded(
     table_name: str,
@@ -74,12 +80,11 @@ def guarded(
         sets[_FIRST_START] = func.coalesce(
             table.c.started_at, bindparam("v_first_start", type_=table.c.started_at.type)
         )
-    key = _key(table)
     return (
         update(table)
-        .where(key == bindparam("w_key"), constant_in(table.c.status, sources))
+        .where(*_guard(table, bindparam("w_key"), sources))
         .values(sets)
-        .returning(key)
+        .returning(_key(table))
     )
 
 
@@ -109,10 +114,7 @@ def _write(
         if first:
             written[_FIRST_START] = func.coalesce(table.c.started_at, first_start)
         own = (
-            update(table)
-            .where(_key(table) == key, constant_in(table.c.status, sources))
-            .values(written)
-            .returning(_key(table))
+            update(table).where(*_guard(table, key, sources)).values(written).returning(_key(table))
         )
         return session.execute(own).first() is not None
     statement = guarded(table_name, sources, tuple(values), first)
@@ -314,7 +316,7 @@ def _taking(firsts: tuple[str, ...]) -> Executable:
         sets[column] = func.coalesce(table.c[column], bound)
     taken = (
         update(table)
-        .where(table.c.id == bindparam("w_key"), constant_in(table.c.status, _names(RUN_LIVE)))
+        .where(*_guard(table, bindparam("w_key"), _names(RUN_LIVE)))
         .values(sets)
         .returning(*(column for column in table.c if column.name != "workflow"))
     )
