@@ -38,6 +38,24 @@ _BYTES_TRIGGER = (
     "inline-output counter (migration 0023), keeps inline_output_bytes in step with steps"
 )
 
+_STEP_COUNTS = (
+    "step counter (migration 0025, on PostgreSQL in place of 0023's and 0024's deferred "
+    "ones), keeps live_turn_counts and inline_output_bytes in step with steps"
+)
+#: The deletes both dialects count at once (0023, 0024).
+_DELETES = {
+    ("trigger", "runs.runs_turns_deleted"): _TURN_TRIGGER + " (a live run's turns go with it)",
+    ("trigger", "steps.steps_output_deleted"): _BYTES_TRIGGER,
+    ("trigger", "runs.runs_outputs_deleted"): _BYTES_TRIGGER + " (a run's cascade)",
+}
+#: SQLite's triggers that count a step's writes, one per count (one on PostgreSQL, 0025).
+_SEPARATE = {
+    "steps.steps_turn_inserted",
+    "steps.steps_turn_changed",
+    "steps.steps_output_inserted",
+    "steps.steps_output_changed",
+}
+
 #: What the migrations create that no model can say, by dialect: ``(kind, name)`` (a trigger
 #: named ``table.trigger``) and why. Anything else only the migrations make is a difference.
 NOT_IN_MODELS: dict[str, dict[tuple[str, str], str]] = {
@@ -52,15 +70,16 @@ NOT_IN_MODELS: dict[str, dict[tuple[str, str], str]] = {
         ("trigger", "runs.runs_live_deleted"): _COUNT_TRIGGER,
         ("trigger", "steps.steps_turn_inserted"): _TURN_TRIGGER,
         ("trigger", "steps.steps_turn_changed"): _TURN_TRIGGER,
-        ("trigger", "runs.runs_turns_deleted"): _TURN_TRIGGER + " (a live run's turns go with it)",
         ("trigger", "steps.steps_output_inserted"): _BYTES_TRIGGER,
         ("trigger", "steps.steps_output_changed"): _BYTES_TRIGGER,
-        ("trigger", "steps.steps_output_deleted"): _BYTES_TRIGGER,
-        ("trigger", "runs.runs_outputs_deleted"): _BYTES_TRIGGER + " (a run's cascade)",
+        **_DELETES,
     },
 }
 NOT_IN_MODELS["postgresql"] = {
-    **NOT_IN_MODELS["sqlite"],
+    **{key: why for key, why in NOT_IN_MODELS["sqlite"].items() if key[1] not in _SEPARATE},
+    ("trigger", "steps.steps_counted_inserted"): _STEP_COUNTS,
+    ("trigger", "steps.steps_counted_changed"): _STEP_COUNTS,
+    ("function", "orch_count_step"): "the body of the " + _STEP_COUNTS,
     ("trigger", "runs.runs_truncated"): _COUNT_TRIGGER + " (a TRUNCATE empties the counts)",
     ("function", "orch_journal_run"): "the body of a " + _STATUS_TRIGGER,
     ("function", "orch_journal_step"): "the body of a " + _STATUS_TRIGGER,
@@ -68,20 +87,16 @@ NOT_IN_MODELS["postgresql"] = {
     ("function", "orch_forget_live_runs"): "the body of the " + _COUNT_TRIGGER,
     ("trigger", "runs.runs_turns_truncated"): _TURN_TRIGGER + " (a TRUNCATE empties the counts)",
     ("trigger", "steps.steps_turns_truncated"): _TURN_TRIGGER + " (a TRUNCATE empties the counts)",
-    ("function", "orch_count_live_turn"): "the body of the " + _TURN_TRIGGER,
     ("function", "orch_forget_run_turns"): "the body of the " + _TURN_TRIGGER,
-    ("function", "orch_count_pending_turns"): "the body of the " + _TURN_TRIGGER,
-    ("trigger", "runs.runs_pending_turns_counted"): _TURN_TRIGGER
-    + " (a run's delete counts its transaction's deferred turns first)",
     ("function", "orch_forget_live_turns"): "the body of the " + _TURN_TRIGGER,
-    ("trigger", "steps.steps_pending_outputs_counted"): _BYTES_TRIGGER
-    + " (deferred, before a delete)",
-    ("trigger", "runs.runs_pending_outputs_counted"): _BYTES_TRIGGER
-    + " (deferred, before a delete)",
+    ("trigger", "steps.steps_pending_outputs_counted"): _STEP_COUNTS
+    + " (a delete of steps counts its transaction's deferred writes first)",
+    ("trigger", "runs.runs_pending_outputs_counted"): _STEP_COUNTS
+    + " (a delete of runs counts its transaction's deferred writes first)",
     ("trigger", "steps.steps_truncated"): _BYTES_TRIGGER + " (a TRUNCATE empties the counts)",
     ("function", "orch_count_inline_output"): "the body of the " + _BYTES_TRIGGER,
     ("function", "orch_uncount_run_outputs"): "the body of the " + _BYTES_TRIGGER,
-    ("function", "orch_count_pending_outputs"): "the body of the " + _BYTES_TRIGGER,
+    ("function", "orch_count_pending_outputs"): "the body of the " + _STEP_COUNTS + "' flush",
     ("function", "orch_forget_inline_outputs"): "the body of the " + _BYTES_TRIGGER,
 }
 
