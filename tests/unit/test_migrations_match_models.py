@@ -42,12 +42,6 @@ _STEP_COUNTS = (
     "step counter (migration 0025, on PostgreSQL in place of 0023's and 0024's deferred "
     "ones), keeps live_turn_counts and inline_output_bytes in step with steps"
 )
-#: The deletes both dialects count at once (0023, 0024).
-_DELETES = {
-    ("trigger", "runs.runs_turns_deleted"): _TURN_TRIGGER + " (a live run's turns go with it)",
-    ("trigger", "steps.steps_output_deleted"): _BYTES_TRIGGER,
-    ("trigger", "runs.runs_outputs_deleted"): _BYTES_TRIGGER + " (a run's cascade)",
-}
 #: SQLite's triggers that count a step's writes, one per count (one on PostgreSQL, 0025).
 _SEPARATE = {
     "steps.steps_turn_inserted",
@@ -70,9 +64,11 @@ NOT_IN_MODELS: dict[str, dict[tuple[str, str], str]] = {
         ("trigger", "runs.runs_live_deleted"): _COUNT_TRIGGER,
         ("trigger", "steps.steps_turn_inserted"): _TURN_TRIGGER,
         ("trigger", "steps.steps_turn_changed"): _TURN_TRIGGER,
+        ("trigger", "runs.runs_turns_deleted"): _TURN_TRIGGER + " (a live run's turns go with it)",
         ("trigger", "steps.steps_output_inserted"): _BYTES_TRIGGER,
         ("trigger", "steps.steps_output_changed"): _BYTES_TRIGGER,
-        **_DELETES,
+        ("trigger", "steps.steps_output_deleted"): _BYTES_TRIGGER,
+        ("trigger", "runs.runs_outputs_deleted"): _BYTES_TRIGGER + " (a run's cascade)",
     },
 }
 NOT_IN_MODELS["postgresql"] = {
